@@ -1,0 +1,38 @@
+// The Backend interface: what computes a planned step (the CPU backend here; cuda/ implements
+// it for GPUs). Backends never see where the logits came from: the step holds a LogitsView.
+//
+//   ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend, CpuBackend::Create({}));
+//   ASSIGN_OR_RETURN(StepPlan plan, PlanStep(step, limits, seed_source));
+//   ASSIGN_OR_RETURN(StepResult result, backend->Sample(plan));
+#ifndef SAMPLERD_SAMPLER_BACKEND_H_
+#define SAMPLERD_SAMPLER_BACKEND_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "sampler/types.h"
+#include "sampler/validate.h"
+
+namespace samplerd {
+
+struct BackendInfo {
+  std::string name;    // "cpu" or "cuda"
+  std::string device;  // e.g. "2 threads" or "NVIDIA H200 (sm_90)"
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // Computes every request of `plan` whose status is OK. Faults confined to a request (a NaN
+  // row, no token left) land in that request's result status; the call itself fails only for
+  // faults of the backend (INTERNAL, UNAVAILABLE). Thread-safe: steps may be sampled
+  // concurrently. `plan` and its step are borrowed for the duration of the call.
+  virtual absl::StatusOr<StepResult> Sample(const StepPlan& plan) = 0;
+
+  virtual BackendInfo Info() const = 0;
+};
+
+}  // namespace samplerd
+
+#endif  // SAMPLERD_SAMPLER_BACKEND_H_

@@ -1,0 +1,384 @@
+#include "sampler/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "sampler/dtype.h"
+#include "sampler/rng.h"
+#include "sampler/row_kernels.h"
+#include "sampler/row_processor.h"
+
+namespace samplerd {
+namespace {
+
+// The draft model's processed distribution q_j of one verify row (SPEC section 6).
+struct DraftRowView {
+  const float* logprobs = nullptr;     // dense: V values; sparse: n values
+  const int32_t* token_ids = nullptr;  // null = dense
+  int32_t n = 0;
+
+  // q_j(token) = exp(draft logprob), exactly as sent (not renormalised); 0 when absent.
+  double Q(int32_t token) const {
+    if (token_ids == nullptr) return std::exp(static_cast<double>(logprobs[token]));
+    for (int32_t i = 0; i < n; ++i) {
+      if (token_ids[i] == token) return std::exp(static_cast<double>(logprobs[i]));
+    }
+    return 0.0;
+  }
+};
+
+// What one sampled row contributes to its request.
+struct RowOutcome {
+  absl::Status status;
+  bool accepted = false;  // DECODE verify rows: the draft was accepted
+  int32_t token = -1;     // the accepted draft, or the token emitted if the request stops here
+  float logprob = 0.0f;
+  TopLogprobs top;
+  float sum_smaller = 0.0f;
+  DraftRow draft_row;     // DRAFT steps: the distribution the pool keeps
+};
+
+struct Task {
+  int32_t request;
+  int32_t index;  // into RequestPlan::sampled_rows, or into prompt_targets
+};
+
+}  // namespace
+
+struct CpuBackend::Worker {
+  RowProcessor processor;
+  std::vector<int32_t> extra_tokens;  // a DECODE row's earlier drafts
+  std::vector<float> draft_values;    // one sent draft row, as float
+  std::vector<double> residual;       // max(0, p - q)
+};
+
+namespace {
+
+// Resolves q_j for verify row j of a DECODE request; loads sent rows into `buffer`.
+absl::StatusOr<DraftRowView> ResolveDraftRow(const RequestInputs& inputs, int32_t j,
+                                             int32_t vocab_size, const DraftPool::Entry* entry,
+                                             const std::string& field,
+                                             std::vector<float>& buffer) {
+  const DraftDistributions& drafts = inputs.drafts;
+  DraftRowView view;
+  switch (drafts.form) {
+    case DraftDistributions::Form::kPool: {
+      const DraftRow& row = entry->at(j + 1);  // presence checked when the entry was taken
+      view.logprobs = row.logprobs.data();
+      if (!row.token_ids.empty()) {
+        view.token_ids = row.token_ids.data();
+        view.n = static_cast<int32_t>(row.token_ids.size());
+      }
+      return view;
+    }
+    case DraftDistributions::Form::kDense:
+    case DraftDistributions::Form::kTopN: {
+      const bool dense = drafts.form == DraftDistributions::Form::kDense;
+      const int32_t n = dense ? vocab_size : drafts.values.cols;
+      buffer.resize(n);
+      LoadRowAsFloat(drafts.values, j, n, buffer.data());
+      for (int32_t i = 0; i < n; ++i) {
+        if (std::isnan(buffer[i]) || buffer[i] == std::numeric_limits<float>::infinity()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              field, dense ? ".draft_logprobs" : ".draft_topn.values", " row ", j,
+              " has a NaN or +inf"));
+        }
+      }
+      view.logprobs = buffer.data();
+      if (!dense) {
+        view.token_ids = drafts.token_ids.data() + static_cast<size_t>(j) * n;
+        view.n = n;
+      }
+      return view;
+    }
+  }
+  return view;
+}
+
+// Takes a DECODE request's drafts from the pool and checks they cover rows 0..q-2.
+absl::StatusOr<DraftPool::Entry> TakePoolDrafts(DraftPool& pool, const RequestInputs& inputs,
+                                                int32_t vocab_size, const std::string& field) {
+  auto entry = pool.Take(inputs.request_id);
+  if (!entry.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(field, ": ", entry.status().message()));
+  }
+  for (int32_t i = 1; i < inputs.num_rows; ++i) {
+    auto it = entry->find(i);
+    if (it == entry->end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          field, ": the draft pool holds no draft ", i, " of request '", inputs.request_id,
+          "' (num_rows = ", inputs.num_rows, " verifies drafts 1..", inputs.num_rows - 1, ")"));
+    }
+    const DraftRow& row = it->second;
+    if (row.token_ids.empty() && static_cast<int32_t>(row.logprobs.size()) != vocab_size) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          field, ": pooled draft ", i, " has ", row.logprobs.size(),
+          " logprobs but this step's vocab_size is ", vocab_size));
+    }
+  }
+  return entry;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuBackendOptions& options) {
+  if (options.num_threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_threads: ", options.num_threads, " must be >= 0 (0 = all cores)"));
+  }
+  int threads = options.num_threads;
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  return std::unique_ptr<CpuBackend>(new CpuBackend(options, threads));
+}
+
+CpuBackend::CpuBackend(const CpuBackendOptions& options, int num_threads)
+    : num_threads_(num_threads), draft_pool_(options.draft_pool), pool_(num_threads) {
+  for (int w = 0; w < pool_.NumWorkers(); ++w) workers_.push_back(std::make_unique<Worker>());
+}
+
+CpuBackend::~CpuBackend() = default;
+
+BackendInfo CpuBackend::Info() const {
+  return BackendInfo{"cpu", absl::StrCat(num_threads_, " threads")};
+}
+
+absl::StatusOr<StepResult> CpuBackend::Sample(const StepPlan& plan) {
+  absl::MutexLock lock(&mu_);
+  const Step& step = *plan.step;
+  const size_t num_requests = plan.requests.size();
+  StepResult result;
+  result.step_id = step.step_id;
+  result.results.resize(num_requests);
+  std::vector<std::string> fields(num_requests);
+  for (size_t i = 0; i < num_requests; ++i) {
+    RequestResult& out = result.results[i];
+    out.request_id = step.requests[i].request_id;
+    out.seq_seed = plan.requests[i].params.seq_seed;
+    out.status = plan.requests[i].status;
+    fields[i] = absl::StrCat("requests[", i, "]");
+  }
+
+  // DECODE requests that verify against the pool take their drafts now (consuming them).
+  std::vector<DraftPool::Entry> pool_entries(num_requests);
+  if (step.kind == StepKind::kDecode) {
+    for (size_t i = 0; i < num_requests; ++i) {
+      const RequestInputs& inputs = step.requests[i];
+      if (!result.results[i].status.ok() || inputs.num_rows < 2 ||
+          inputs.drafts.form != DraftDistributions::Form::kPool) {
+        continue;
+      }
+      auto entry = TakePoolDrafts(draft_pool_, inputs, step.vocab_size, fields[i]);
+      if (entry.ok()) {
+        pool_entries[i] = std::move(*entry);
+      } else {
+        result.results[i].status = entry.status();
+      }
+    }
+  }
+
+  std::vector<Task> tasks;
+  for (size_t i = 0; i < num_requests; ++i) {
+    if (!result.results[i].status.ok()) continue;
+    for (size_t j = 0; j < plan.requests[i].sampled_rows.size(); ++j) {
+      tasks.push_back(Task{static_cast<int32_t>(i), static_cast<int32_t>(j)});
+    }
+  }
+  std::vector<RowOutcome> outcomes(tasks.size());
+  pool_.ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t t, int w) {
+    const Task& task = tasks[t];
+    const RequestPlan& request = plan.requests[task.request];
+    const RequestInputs& inputs = *request.inputs;
+    const SampledRow& row = request.sampled_rows[task.index];
+    Worker& worker = *workers_[w];
+    RowProcessor& proc = worker.processor;
+    RowOutcome& out = outcomes[t];
+    const std::string& field = fields[task.request];
+    const bool is_verify =
+        step.kind == StepKind::kDecode && task.index < inputs.num_rows - 1;
+
+    RowOptions options;
+    options.params = &request.params;
+    options.vocab_size = step.vocab_size;
+    options.force_top_n = step.force_top_n;
+    options.mask = row.mask;
+    options.prompt_tokens = inputs.prompt_token_ids;
+    options.output_tokens = inputs.output_token_ids;
+    options.field = field.c_str();
+    if (step.kind == StepKind::kDecode) {
+      // SPEC 3.3: row j conditions on the drafts of rows 0..j-1 (ids outside the top-N, -1,
+      // are unknown and add nothing).
+      worker.extra_tokens.clear();
+      for (int32_t k = 0; k < task.index; ++k) {
+        if (inputs.draft_token_ids[k] >= 0) worker.extra_tokens.push_back(inputs.draft_token_ids[k]);
+      }
+      options.extra_output_tokens = worker.extra_tokens;
+    }
+    out.status = proc.Process(step.logits, row.row, options);
+    if (!out.status.ok()) return;
+
+    if (is_verify) {
+      const int32_t draft = inputs.draft_token_ids[task.index];
+      auto q_row = ResolveDraftRow(inputs, task.index, step.vocab_size,
+                                   &pool_entries[task.request], field, worker.draft_values);
+      if (!q_row.ok()) {
+        out.status = q_row.status();
+        return;
+      }
+      if (row.golden != -1) {
+        // Teacher forcing: accept iff the draft is the golden token; emit the golden token.
+        out.accepted = draft == row.golden;
+        out.token = row.golden;
+      } else {
+        const double p = draft >= 0 ? proc.Probability(draft) : 0.0;
+        const double q = draft >= 0 ? q_row->Q(draft) : 0.0;
+        const double u = UniformDouble(request.seed,
+                                       SequenceNumber(row.position, DrawCase::kAcceptReject));
+        out.accepted = draft >= 0 && q > 0.0 && u < p / q;
+        if (out.accepted) {
+          out.token = draft;
+        } else {
+          // The replacement: from max(0, p - q) renormalised; from p when that is empty.
+          std::vector<double>& residual = worker.residual;
+          residual.resize(step.vocab_size);
+          for (int32_t x = 0; x < step.vocab_size; ++x) residual[x] = proc.Probability(x);
+          if (q_row->token_ids == nullptr) {
+            for (int32_t x = 0; x < step.vocab_size; ++x) {
+              if (residual[x] > 0.0) residual[x] = std::max(0.0, residual[x] - q_row->Q(x));
+            }
+          } else {
+            for (int32_t i = 0; i < q_row->n; ++i) {
+              const int32_t x = q_row->token_ids[i];
+              if (x < 0 || residual[x] == 0.0) continue;
+              residual[x] = std::max(
+                  0.0, residual[x] - std::exp(static_cast<double>(q_row->logprobs[i])));
+            }
+          }
+          const double u_replace =
+              UniformDouble(request.seed, SequenceNumber(row.position, DrawCase::kReplacement));
+          out.token = proc.DrawFromWeights(residual, u_replace);
+          if (out.token < 0) out.token = proc.Draw(u_replace);
+        }
+      }
+    } else if (row.golden != -1) {
+      out.token = row.golden;
+    } else {
+      out.token = proc.Draw(
+          UniformDouble(request.seed, SequenceNumber(row.position, DrawCase::kFresh)));
+    }
+    out.logprob = proc.Logprob(out.token);
+    if (request.params.top_logprobs > 0) proc.Top(request.params.top_logprobs, &out.top);
+    if (step.compute_sum_smaller_probs) out.sum_smaller = proc.SumSmallerProbs(out.token);
+
+    if (step.kind == StepKind::kDraft) {
+      const std::vector<int32_t>& top_n = proc.ForceTopNIds();
+      if (!top_n.empty()) {
+        out.draft_row.token_ids = top_n;
+        out.draft_row.logprobs.resize(top_n.size());
+        for (size_t i = 0; i < top_n.size(); ++i) out.draft_row.logprobs[i] = proc.Logprob(top_n[i]);
+      } else {
+        out.draft_row.logprobs.resize(step.vocab_size);
+        for (int32_t x = 0; x < step.vocab_size; ++x) out.draft_row.logprobs[x] = proc.Logprob(x);
+      }
+    }
+  });
+
+  // Prompt logprobs (PREFILL): SPEC 3 steps 1, 5, 6, 7 only, in chunks of bounded size.
+  std::vector<std::vector<float>> prompt_logprobs(num_requests);
+  if (step.kind == StepKind::kPrefill) {
+    std::vector<Task> prompt_tasks;
+    for (size_t i = 0; i < num_requests; ++i) {
+      if (!result.results[i].status.ok()) continue;
+      const auto& targets = step.requests[i].prompt_targets;
+      prompt_logprobs[i].resize(targets.size());
+      for (size_t k = 0; k < targets.size(); ++k) {
+        prompt_tasks.push_back(Task{static_cast<int32_t>(i), static_cast<int32_t>(k)});
+      }
+    }
+    std::vector<absl::Status> statuses;
+    for (size_t start = 0; start < prompt_tasks.size(); start += kPromptLogprobChunkRows) {
+      const size_t count = std::min<size_t>(kPromptLogprobChunkRows, prompt_tasks.size() - start);
+      statuses.assign(count, absl::OkStatus());
+      pool_.ParallelFor(static_cast<int64_t>(count), [&](int64_t c, int w) {
+        const Task& task = prompt_tasks[start + c];
+        const RequestInputs& inputs = step.requests[task.request];
+        RowOptions options;
+        options.params = &plan.requests[task.request].params;
+        options.vocab_size = step.vocab_size;
+        options.prompt_mode = true;
+        options.field = fields[task.request].c_str();
+        RowProcessor& proc = workers_[w]->processor;
+        statuses[c] = proc.Process(step.logits, inputs.prompt_first_row + task.index, options);
+        if (statuses[c].ok()) {
+          prompt_logprobs[task.request][task.index] = proc.Logprob(inputs.prompt_targets[task.index]);
+        }
+      });
+      for (size_t c = 0; c < count; ++c) {
+        RequestResult& out = result.results[prompt_tasks[start + c].request];
+        if (!statuses[c].ok() && out.status.ok()) out.status = statuses[c];
+      }
+    }
+  }
+
+  // Assemble each request's outputs in row order.
+  size_t t = 0;
+  for (size_t i = 0; i < num_requests; ++i) {
+    RequestResult& out = result.results[i];
+    const bool planned = out.status.ok();
+    if (!planned) continue;
+    const RequestPlan& request = plan.requests[i];
+    const size_t rows = request.sampled_rows.size();
+    const size_t first = t;
+    t += rows;
+    for (size_t j = 0; j < rows; ++j) {
+      if (!outcomes[first + j].status.ok()) {
+        out.status = outcomes[first + j].status;
+        break;
+      }
+    }
+    if (!out.status.ok()) {
+      prompt_logprobs[i].clear();
+      continue;
+    }
+    auto emit = [&](const RowOutcome& row) {
+      out.token_ids.push_back(row.token);
+      out.logprobs.push_back(row.logprob);
+      if (request.params.top_logprobs > 0) out.top_logprobs.push_back(row.top);
+      if (step.compute_sum_smaller_probs) out.sum_smaller_probs.push_back(row.sum_smaller);
+    };
+    if (step.kind == StepKind::kDecode) {
+      // Accepted drafts up to the first rejection, then one more token; nothing after it.
+      for (size_t j = 0; j < rows; ++j) {
+        const RowOutcome& row = outcomes[first + j];
+        emit(row);
+        if (j + 1 == rows || !row.accepted) break;
+        ++out.num_accepted;
+      }
+    } else {
+      for (size_t j = 0; j < rows; ++j) emit(outcomes[first + j]);
+    }
+    out.prompt_logprobs = std::move(prompt_logprobs[i]);
+    if (step.kind == StepKind::kDraft) {
+      std::vector<std::pair<int32_t, DraftRow>> rows_to_store;
+      for (size_t j = 0; j < rows; ++j) {
+        rows_to_store.emplace_back(step.requests[i].draft_indices[j],
+                                   std::move(outcomes[first + j].draft_row));
+      }
+      absl::Status stored = draft_pool_.Store(out.request_id, std::move(rows_to_store));
+      if (!stored.ok()) {
+        out.status = absl::Status(stored.code(), absl::StrCat(fields[i], ": ", stored.message()));
+      }
+    }
+    if (!out.status.ok()) {
+      out.token_ids.clear();
+      out.logprobs.clear();
+      out.top_logprobs.clear();
+      out.sum_smaller_probs.clear();
+      out.num_accepted = 0;
+    }
+  }
+  return result;
+}
+
+}  // namespace samplerd

@@ -1,0 +1,153 @@
+#include "sampler/reference_sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <set>
+
+namespace samplerd {
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+}
+
+ReferenceRow ReferenceProcess(const std::vector<float>& raw, const NormalizedParams& params,
+                              const ReferenceOptions& options) {
+  ReferenceRow out;
+  const int32_t V = options.vocab_size;
+  std::vector<double> x(V);
+  for (int32_t t = 0; t < V; ++t) {
+    if (std::isnan(raw[t]) || raw[t] == std::numeric_limits<float>::infinity()) return out;
+    x[t] = raw[t];
+  }
+  if (!options.prompt_mode) {
+    if (options.mask != nullptr) {
+      for (int32_t t = 0; t < V; ++t) {
+        const uint32_t word = static_cast<uint32_t>(options.mask[4 * (t / 32)]) |
+                              static_cast<uint32_t>(options.mask[4 * (t / 32) + 1]) << 8 |
+                              static_cast<uint32_t>(options.mask[4 * (t / 32) + 2]) << 16 |
+                              static_cast<uint32_t>(options.mask[4 * (t / 32) + 3]) << 24;
+        if (((word >> (t % 32)) & 1u) == 0) x[t] = -kInf;
+      }
+    }
+    // Penalties, in float32 as the contract's arithmetic on raw logits.
+    std::set<int32_t> seen(options.prompt_tokens.begin(), options.prompt_tokens.end());
+    std::map<int32_t, int> counts;
+    for (int32_t t : options.output_tokens) {
+      seen.insert(t);
+      ++counts[t];
+    }
+    if (params.repetition_penalty != 1.0f) {
+      for (int32_t t : seen) {
+        const float v = static_cast<float>(x[t]);
+        x[t] = v > 0.0f ? v / params.repetition_penalty : v * params.repetition_penalty;
+      }
+    }
+    for (const auto& [t, c] : counts) {
+      const float v = static_cast<float>(x[t]);
+      x[t] = v - (params.presence_penalty + params.frequency_penalty * static_cast<float>(c));
+    }
+    if (options.force_top_n > 0 && options.force_top_n < V) {
+      std::vector<int32_t> ids(V);
+      std::iota(ids.begin(), ids.end(), 0);
+      std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return x[a] > x[b]; });
+      for (int32_t r = options.force_top_n; r < V; ++r) x[ids[r]] = -kInf;
+    }
+  }
+  // Temperature: the contract divides float32 logits by a float32 temperature.
+  for (int32_t t = 0; t < V; ++t) {
+    if (x[t] != -kInf) x[t] = static_cast<float>(x[t]) / params.temperature;
+  }
+  const double max = *std::max_element(x.begin(), x.end());
+  if (max == -kInf) return out;
+  std::vector<double> p(V);
+  double z = 0.0;
+  for (int32_t t = 0; t < V; ++t) z += std::exp(x[t] - max);
+  for (int32_t t = 0; t < V; ++t) p[t] = std::exp(x[t] - max) / z;
+  std::vector<int32_t> ids(V);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return x[a] > x[b]; });
+  std::vector<bool> keep(V);
+  for (int32_t t = 0; t < V; ++t) keep[t] = x[t] != -kInf;
+  if (params.top_p < 1.0f) {
+    double before = 0.0;
+    for (int32_t r = 0; r < V; ++r) {
+      out.top_p_margin = std::min(out.top_p_margin, std::fabs(before - params.top_p));
+      if (before > params.top_p) keep[ids[r]] = false;
+      before += p[ids[r]];
+    }
+  }
+  if (params.top_k > 0) {
+    int32_t rank = 0;
+    for (int32_t r = 0; r < V; ++r) {
+      if (!keep[ids[r]]) continue;
+      if (rank >= params.top_k) keep[ids[r]] = false;
+      ++rank;
+    }
+  }
+  if (!options.prompt_mode && params.min_p > 0.0f) {
+    double kept_max = 0.0;
+    for (int32_t t = 0; t < V; ++t) {
+      if (keep[t]) kept_max = std::max(kept_max, p[t]);
+    }
+    for (int32_t t = 0; t < V; ++t) {
+      if (keep[t] && p[t] < params.min_p * kept_max) keep[t] = false;
+    }
+  }
+  double kept_z = 0.0;
+  for (int32_t t = 0; t < V; ++t) {
+    if (keep[t]) kept_z += std::exp(x[t] - max);
+  }
+  out.logprobs.assign(V, -kInf);
+  out.probs.assign(V, 0.0);
+  for (int32_t t = 0; t < V; ++t) {
+    if (!keep[t]) continue;
+    out.logprobs[t] = (x[t] - max) - std::log(kept_z);
+    out.probs[t] = std::exp(out.logprobs[t]);
+  }
+  for (int32_t r = 0; r < V; ++r) {
+    if (keep[ids[r]]) out.order.push_back(ids[r]);
+  }
+  out.ok = !out.order.empty();
+  return out;
+}
+
+int32_t ReferenceDraw(const ReferenceRow& row, double u, double* edge_distance) {
+  double sum = 0.0;
+  for (int32_t t : row.order) sum += row.probs[t];
+  const double target = u * sum;
+  double cumulative = 0.0;
+  double nearest = kInf;
+  int32_t chosen = -1;
+  for (int32_t t : row.order) {
+    nearest = std::min(nearest, std::fabs(cumulative - target) / sum);
+    cumulative += row.probs[t];
+    if (chosen < 0 && cumulative > target) chosen = t;
+  }
+  nearest = std::min(nearest, std::fabs(cumulative - target) / sum);
+  if (edge_distance != nullptr) *edge_distance = nearest;
+  return chosen >= 0 ? chosen : row.order.back();
+}
+
+std::vector<std::pair<int32_t, double>> ReferenceTop(const ReferenceRow& row, int32_t n) {
+  std::vector<std::pair<int32_t, double>> out(n, {-1, -kInf});
+  for (int32_t i = 0; i < n && i < static_cast<int32_t>(row.order.size()); ++i) {
+    out[i] = {row.order[i], row.logprobs[row.order[i]]};
+  }
+  return out;
+}
+
+double ReferenceSumSmaller(const ReferenceRow& row, int32_t token) {
+  const double pivot = row.logprobs[token];
+  if (pivot == -kInf) return 0.0;
+  double sum = 0.0;
+  for (int32_t x = 0; x < static_cast<int32_t>(row.logprobs.size()); ++x) {
+    const double v = row.logprobs[x];
+    if (v == -kInf) continue;
+    if (v < pivot || (v == pivot && x <= token)) sum += row.probs[x];
+  }
+  return sum;
+}
+
+}  // namespace samplerd

@@ -1,0 +1,50 @@
+// An independent, deliberately plain float64 implementation of SPEC sections 3, 5 and 7 for
+// one row: full stable sort, no shortcuts. Tests compare the CPU backend with it, and the
+// benchmark uses it as the full-sort baseline. Not for serving (testonly).
+//
+//   ReferenceRow ref = ReferenceProcess(raw_logits, params, options);
+//   int32_t token = ReferenceDraw(ref, u);
+#ifndef SAMPLERD_SAMPLER_REFERENCE_SAMPLER_H_
+#define SAMPLERD_SAMPLER_REFERENCE_SAMPLER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "sampler/validate.h"
+
+namespace samplerd {
+
+struct ReferenceOptions {
+  int32_t vocab_size = 0;
+  int32_t force_top_n = 0;
+  const unsigned char* mask = nullptr;
+  std::vector<int32_t> prompt_tokens;
+  std::vector<int32_t> output_tokens;  // including a DECODE row's earlier drafts
+  bool prompt_mode = false;
+};
+
+struct ReferenceRow {
+  bool ok = false;                 // false: NaN/+inf in a real column, or no token left
+  std::vector<double> logprobs;    // [V] processed logprobs, -inf when removed
+  std::vector<double> probs;       // [V] processed probabilities
+  std::vector<int32_t> order;      // kept tokens, probability descending, ties by lower id
+  // Smallest distance between top_p and a cumulative sum that decided a top-p cut: rows where
+  // this is tiny may legitimately differ from a float32 implementation.
+  double top_p_margin = 1.0;
+};
+
+ReferenceRow ReferenceProcess(const std::vector<float>& raw, const NormalizedParams& params,
+                              const ReferenceOptions& options);
+
+// SPEC 5. Also reports the distance from u * sum to the nearest interval edge.
+int32_t ReferenceDraw(const ReferenceRow& row, double u, double* edge_distance = nullptr);
+
+// SPEC 7: the n largest logprobs as (id, logprob), padded with (-1, -inf).
+std::vector<std::pair<int32_t, double>> ReferenceTop(const ReferenceRow& row, int32_t n);
+
+// SPEC 7: sum_smaller_probs of `token`.
+double ReferenceSumSmaller(const ReferenceRow& row, int32_t token);
+
+}  // namespace samplerd
+
+#endif  // SAMPLERD_SAMPLER_REFERENCE_SAMPLER_H_

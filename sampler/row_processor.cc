@@ -1,0 +1,340 @@
+#include "sampler/row_processor.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "sampler/dtype.h"
+#include "sampler/row_kernels.h"
+
+namespace samplerd {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// A bucket of the score order: the top 12 bits of the float's order-preserving key.
+constexpr int kBucketBits = 12;
+constexpr int kNumBuckets = 1 << kBucketBits;
+inline uint32_t ScoreBucket(float score) {
+  uint32_t bits;
+  std::memcpy(&bits, &score, sizeof(bits));
+  const uint32_t key = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+  return key >> (32 - kBucketBits);
+}
+
+// SPEC 5's inverse-CDF draw over weights w(t), t in [0, vocab), in the order "weight
+// descending, ties by lower id", without sorting the vocabulary: the mass per bucket of the
+// weight's float image locates the bucket holding u's interval, and only that bucket is sorted.
+// Returns -1 when every weight is 0.
+template <typename WeightFn>
+int32_t DrawByWeight(int32_t vocab, WeightFn weight, double u) {
+  std::array<double, kNumBuckets> hist{};
+  for (int32_t t = 0; t < vocab; ++t) {
+    const double w = weight(t);
+    if (w > 0.0) hist[ScoreBucket(static_cast<float>(w))] += w;
+  }
+  double total = 0.0;
+  for (int b = kNumBuckets - 1; b >= 0; --b) total += hist[b];
+  if (!(total > 0.0)) return -1;
+  const double target = u * total;
+  double before = 0.0;
+  int crossing = -1;
+  for (int b = kNumBuckets - 1; b >= 0; --b) {
+    if (hist[b] == 0.0) continue;
+    crossing = b;  // ends on the last non-empty bucket should rounding leave none
+    if (before + hist[b] > target) break;
+    before += hist[b];
+  }
+  std::vector<std::pair<double, int32_t>> members;
+  for (int32_t t = 0; t < vocab; ++t) {
+    const double w = weight(t);
+    if (w > 0.0 && static_cast<int>(ScoreBucket(static_cast<float>(w))) == crossing) {
+      members.emplace_back(w, t);
+    }
+  }
+  std::sort(members.begin(), members.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  double cumulative = before;
+  for (const auto& [w, t] : members) {
+    cumulative += w;
+    if (cumulative > target) return t;
+  }
+  return members.back().second;
+}
+
+}  // namespace
+
+absl::Status RowProcessor::Process(const LogitsView& logits, int32_t row,
+                                   const RowOptions& options) {
+  const NormalizedParams& params = *options.params;
+  const int32_t vocab = options.vocab_size;
+  vocab_size_ = vocab;
+  scores_.resize(vocab);
+  weights_.resize(vocab);
+  kept_sorted_ = false;
+  kept_.clear();
+  top_n_ids_.clear();
+
+  // Step 1: padding columns (>= V) are never read, so never sampled.
+  LoadRowAsFloat(logits, row, vocab, scores_.data());
+  if (HasNanOrPosInf(scores_.data(), vocab)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options.field, ": logits row ", row, " has a NaN or +inf among its first vocab_size = ",
+        vocab, " columns"));
+  }
+  if (!options.prompt_mode) {
+    if (options.mask != nullptr) ApplyMask(options.mask);                    // step 2
+    if (params.HasPenalties()) ApplyPenalties(options);                      // step 3
+    if (options.force_top_n > 0 && options.force_top_n < vocab) {
+      ApplyForceTopN(options.force_top_n);                                   // step 4
+    }
+  }
+  if (params.temperature != 1.0f) DivideInPlace(scores_.data(), vocab, params.temperature);  // 5
+
+  max_score_ = RowMax(scores_.data(), vocab);
+  if (max_score_ == kNegInf) {
+    return absl::InvalidArgumentError(absl::StrCat(options.field, ": logits row ", row,
+                                                   " has no token left (every token is masked "
+                                                   "or -inf)"));
+  }
+  total_sum_ = ExpShiftAndSum(scores_.data(), vocab, max_score_, weights_.data());
+  // Until a filter cuts it, the kept set is every finite token: the cut (-inf, -1) admits
+  // exactly the finite scores.
+  cut_score_ = kNegInf;
+  cut_token_ = -1;
+  kept_sum_ = total_sum_;
+
+  if (params.top_p < 1.0f || (params.top_k > 0 && params.top_k < vocab)) {
+    ApplyTopPTopK(params.top_p, params.top_k);                               // steps 6, 7
+  }
+  if (!options.prompt_mode && params.min_p > 0.0f) ApplyMinP(params.min_p);  // step 8
+
+  if (kept_sorted_) {
+    kept_sum_ = 0.0;
+    for (int32_t t : kept_) kept_sum_ += weights_[t];
+  } else if (cut_token_ >= 0) {
+    kept_sum_ = 0.0;
+    for (int32_t t = 0; t < vocab; ++t) {
+      if (Kept(t)) kept_sum_ += weights_[t];
+    }
+  }
+  log_kept_sum_ = std::log(kept_sum_);                                      // step 9
+  return absl::OkStatus();
+}
+
+void RowProcessor::ApplyMask(const unsigned char* mask) {
+  // Bit t % 32 of little-endian word t / 32 is bit t % 8 of byte t / 8.
+  const int32_t vocab = vocab_size_;
+  for (int32_t byte = 0; byte * 8 < vocab; ++byte) {
+    const unsigned bits = mask[byte];
+    if (bits == 0xFFu) continue;
+    const int32_t end = std::min(vocab, byte * 8 + 8);
+    for (int32_t t = byte * 8; t < end; ++t) {
+      if (((bits >> (t & 7)) & 1u) == 0) scores_[t] = kNegInf;
+    }
+  }
+}
+
+void RowProcessor::ApplyPenalties(const RowOptions& options) {
+  const NormalizedParams& params = *options.params;
+  // Output history (with the row's extra tokens) sorted, for counts; prompt sorted, for the
+  // distinct set prompt ∪ output.
+  std::vector<int32_t>& output = ids_;
+  output.assign(options.output_tokens.begin(), options.output_tokens.end());
+  output.insert(output.end(), options.extra_output_tokens.begin(),
+                options.extra_output_tokens.end());
+  std::sort(output.begin(), output.end());
+  std::vector<int32_t> prompt(options.prompt_tokens.begin(), options.prompt_tokens.end());
+  std::sort(prompt.begin(), prompt.end());
+
+  if (params.repetition_penalty != 1.0f) {
+    const float r = params.repetition_penalty;
+    auto penalise = [&](int32_t t) {
+      const float x = scores_[t];
+      scores_[t] = x > 0.0f ? x / r : x * r;
+    };
+    // Each distinct token of the union once, in increasing id order.
+    size_t i = 0, j = 0;
+    int32_t last = -1;
+    while (i < prompt.size() || j < output.size()) {
+      int32_t t;
+      if (j >= output.size() || (i < prompt.size() && prompt[i] <= output[j])) {
+        t = prompt[i++];
+      } else {
+        t = output[j++];
+      }
+      if (t != last) penalise(t);
+      last = t;
+    }
+  }
+  if (params.presence_penalty != 0.0f || params.frequency_penalty != 0.0f) {
+    for (size_t i = 0; i < output.size();) {
+      size_t j = i;
+      while (j < output.size() && output[j] == output[i]) ++j;
+      const float count = static_cast<float>(j - i);
+      scores_[output[i]] -= params.presence_penalty + params.frequency_penalty * count;
+      i = j;
+    }
+  }
+}
+
+void RowProcessor::ApplyForceTopN(int32_t n) {
+  SelectTopK(scores_.data(), vocab_size_, n, &top_n_ids_);
+  // weights_ is free until ExpShiftAndSum: use it to hold the survivors' scores.
+  for (size_t i = 0; i < top_n_ids_.size(); ++i) weights_[i] = scores_[top_n_ids_[i]];
+  std::fill(scores_.begin(), scores_.end(), kNegInf);
+  for (size_t i = 0; i < top_n_ids_.size(); ++i) scores_[top_n_ids_[i]] = weights_[i];
+}
+
+void RowProcessor::PrefixByMass(double mass, std::vector<int32_t>* out) const {
+  const int32_t vocab = vocab_size_;
+  std::array<double, kNumBuckets> hist{};
+  for (int32_t t = 0; t < vocab; ++t) {
+    if (weights_[t] > 0.0f) hist[ScoreBucket(scores_[t])] += weights_[t];
+  }
+  int crossing = -1;
+  double cumulative = 0.0;
+  for (int b = kNumBuckets - 1; b >= 0; --b) {
+    cumulative += hist[b];
+    if (cumulative > mass) {
+      crossing = b;
+      break;
+    }
+  }
+  out->clear();
+  for (int32_t t = 0; t < vocab; ++t) {
+    if (scores_[t] == kNegInf) continue;
+    if (crossing < 0 || static_cast<int>(ScoreBucket(scores_[t])) >= crossing) out->push_back(t);
+  }
+  SortByScore(scores_.data(), out);
+}
+
+void RowProcessor::ApplyTopPTopK(float top_p, int32_t top_k) {
+  std::vector<int32_t>& candidates = kept_;
+  const bool by_rank = top_k > 0 && top_k < vocab_size_;
+  if (by_rank) {
+    SelectTopK(scores_.data(), vocab_size_, top_k, &candidates);
+  } else {
+    PrefixByMass(static_cast<double>(top_p) * total_sum_, &candidates);
+  }
+  if (top_p < 1.0f) {
+    // SPEC 3.6: remove a token when the probability mass before it exceeds top_p.
+    const double limit = static_cast<double>(top_p);
+    double before = 0.0;
+    size_t keep = candidates.size();
+    for (size_t r = 0; r < candidates.size(); ++r) {
+      if (before / total_sum_ > limit) {
+        keep = r;
+        break;
+      }
+      before += weights_[candidates[r]];
+    }
+    if (keep == candidates.size() && !by_rank && before / total_sum_ <= limit) {
+      // The histogram's rounding stopped short of the nucleus' end: take every finite token.
+      candidates.clear();
+      for (int32_t t = 0; t < vocab_size_; ++t) {
+        if (scores_[t] != kNegInf) candidates.push_back(t);
+      }
+      SortByScore(scores_.data(), &candidates);
+      before = 0.0;
+      for (size_t r = 0; r < candidates.size(); ++r) {
+        if (before / total_sum_ > limit) {
+          keep = r;
+          break;
+        }
+        before += weights_[candidates[r]];
+      }
+    }
+    candidates.resize(keep);
+  }
+  kept_sorted_ = true;
+  cut_score_ = scores_[candidates.back()];
+  cut_token_ = candidates.back();
+}
+
+void RowProcessor::ApplyMinP(float min_p) {
+  // p_x < min_p * p_max  <=>  exp(s_x - max) < min_p, since the largest kept weight is exp(0) = 1.
+  if (kept_sorted_) {
+    while (kept_.size() > 1 && weights_[kept_.back()] < min_p) kept_.pop_back();
+    cut_score_ = scores_[kept_.back()];
+    cut_token_ = kept_.back();
+    return;
+  }
+  float cut = std::numeric_limits<float>::infinity();
+  int32_t cut_token = -1;
+  for (int32_t t = 0; t < vocab_size_; ++t) {
+    if (weights_[t] >= min_p && scores_[t] <= cut) {
+      cut = scores_[t];
+      cut_token = t;  // for equal scores the last (highest) id is the lowest ranked
+    }
+  }
+  cut_score_ = cut;
+  cut_token_ = cut_token;
+}
+
+int64_t RowProcessor::NumKept() const {
+  if (kept_sorted_) return static_cast<int64_t>(kept_.size());
+  int64_t n = 0;
+  for (int32_t t = 0; t < vocab_size_; ++t) n += Kept(t) ? 1 : 0;
+  return n;
+}
+
+int32_t RowProcessor::Draw(double u) const {
+  if (kept_sorted_) {
+    const double target = u * kept_sum_;
+    double cumulative = 0.0;
+    for (int32_t t : kept_) {
+      cumulative += weights_[t];
+      if (cumulative > target) return t;
+    }
+    return kept_.back();
+  }
+  // Full-vocabulary draw without a full sort.
+  return DrawByWeight(vocab_size_, [this](int32_t t) -> double {
+    return Kept(t) ? static_cast<double>(weights_[t]) : 0.0;
+  }, u);
+}
+
+int32_t RowProcessor::DrawFromWeights(absl::Span<const double> weights, double u) const {
+  return DrawByWeight(vocab_size_, [&weights](int32_t t) { return weights[t]; }, u);
+}
+
+void RowProcessor::Top(int32_t n, TopLogprobs* out) const {
+  out->token_ids.assign(n, -1);
+  out->logprobs.assign(n, kNegInf);
+  if (n <= 0) return;
+  const std::vector<int32_t>* best = &kept_;
+  if (!kept_sorted_) {
+    SelectTopK(scores_.data(), vocab_size_, n, &ids_);
+    best = &ids_;
+  }
+  const int32_t count = std::min<int32_t>(n, static_cast<int32_t>(best->size()));
+  for (int32_t i = 0; i < count; ++i) {
+    const int32_t t = (*best)[i];
+    if (!Kept(t)) break;  // the kept set is a prefix of this order
+    out->token_ids[i] = t;
+    out->logprobs[i] = Logprob(t);
+  }
+}
+
+float RowProcessor::SumSmallerProbs(int32_t token) const {
+  if (!Kept(token)) return 0.0f;
+  const float pivot = scores_[token];
+  double sum = 0.0;
+  auto add = [&](int32_t x) {
+    const float s = scores_[x];
+    if (s < pivot || (s == pivot && x <= token)) sum += weights_[x];
+  };
+  if (kept_sorted_) {
+    for (int32_t x : kept_) add(x);
+  } else {
+    for (int32_t x = 0; x < vocab_size_; ++x) {
+      if (Kept(x)) add(x);
+    }
+  }
+  return static_cast<float>(sum / kept_sum_);
+}
+
+}  // namespace samplerd

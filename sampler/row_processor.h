@@ -1,0 +1,126 @@
+// The logits pipeline of SPEC section 3 on one row, and the queries SPEC sections 5-7 make of
+// the resulting processed distribution (the CPU backend's per-row engine).
+//
+// A RowProcessor owns its scratch (a few arrays of the vocabulary's size), so one per worker
+// thread keeps memory bounded whatever the batch or prompt length. Process() leaves the
+// processed distribution in the processor until the next Process().
+//
+//   RowProcessor proc;
+//   RETURN_IF_ERROR(proc.Process(view, row, options));
+//   int32_t token = proc.Draw(UniformDouble(seed, SequenceNumber(pos, DrawCase::kFresh)));
+//   float lp = proc.Logprob(token);
+//
+// The kept set is always a prefix of the order "score descending, ties by lower id" (top-p,
+// top-k and min-p each cut that order), so it is held as a cut point, not as a list.
+#ifndef SAMPLERD_SAMPLER_ROW_PROCESSOR_H_
+#define SAMPLERD_SAMPLER_ROW_PROCESSOR_H_
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "sampler/types.h"
+#include "sampler/validate.h"
+
+namespace samplerd {
+
+// What to do with one row.
+struct RowOptions {
+  const NormalizedParams* params = nullptr;  // required
+  int32_t vocab_size = 0;                    // V: columns >= V are padding
+  int32_t force_top_n = 0;                   // 0 = off
+  const unsigned char* mask = nullptr;       // SPEC 3.2 bitmask; null = unconstrained
+  // Penalty history (SPEC 3.3): prompt tokens, output tokens, and the extra output tokens the
+  // row conditions on (a DECODE row's earlier drafts).
+  absl::Span<const int32_t> prompt_tokens;
+  absl::Span<const int32_t> output_tokens;
+  absl::Span<const int32_t> extra_output_tokens;
+  // Prompt logprobs use steps 1, 5, 6 and 7 only (no mask, penalties, force top-N or min-p).
+  bool prompt_mode = false;
+  // Field named in row errors, e.g. "requests[2] row 7".
+  const char* field = "";
+};
+
+class RowProcessor {
+ public:
+  RowProcessor() = default;
+  RowProcessor(const RowProcessor&) = delete;
+  RowProcessor& operator=(const RowProcessor&) = delete;
+
+  // Runs SPEC 3 steps 1-9 on row `row` of `logits` (host memory).
+  // Errors: INVALID_ARGUMENT when a real column is NaN or +inf, or when no token is left.
+  absl::Status Process(const LogitsView& logits, int32_t row, const RowOptions& options);
+
+  // Whether `token` is in the kept set.
+  bool Kept(int32_t token) const {
+    if (token < 0 || token >= vocab_size_) return false;
+    const float s = scores_[token];
+    return s > cut_score_ || (s == cut_score_ && token <= cut_token_);
+  }
+  // Processed logprob of `token`: -inf when removed.
+  float Logprob(int32_t token) const {
+    if (!Kept(token)) return -std::numeric_limits<float>::infinity();
+    return static_cast<float>(static_cast<double>(scores_[token]) - max_score_ - log_kept_sum_);
+  }
+  // Processed probability of `token` in float64 (0 when removed).
+  double Probability(int32_t token) const {
+    return Kept(token) ? static_cast<double>(weights_[token]) / kept_sum_ : 0.0;
+  }
+
+  // SPEC 5: the kept token whose cumulative probability (descending order, ties by lower id)
+  // first exceeds u; the last kept token if rounding leaves none. u in [0, 1).
+  int32_t Draw(double u) const;
+
+  // SPEC 7: the n largest processed logprobs, descending, padded with (-1, -inf).
+  void Top(int32_t n, TopLogprobs* out) const;
+
+  // SPEC 7: sum of p_x over x with p_x < p_t, or p_x == p_t and x <= t; 0 when t is removed.
+  float SumSmallerProbs(int32_t token) const;
+
+  // With force top-N applied (0 < N < V, not prompt mode): the N surviving token ids, best
+  // first; else empty.
+  const std::vector<int32_t>& ForceTopNIds() const { return top_n_ids_; }
+
+  // Number of kept tokens.
+  int64_t NumKept() const;
+
+  // Draws from weights w[x] (non-negative, 0 = excluded) over [0, V) in the order of w
+  // descending, ties by lower id, at cumulative u * sum(w). Returns -1 when sum(w) == 0.
+  // Used for the residual distribution of a rejected draft. `weights` has V entries.
+  int32_t DrawFromWeights(absl::Span<const double> weights, double u) const;
+
+ private:
+  void ApplyMask(const unsigned char* mask);
+  void ApplyPenalties(const RowOptions& options);
+  void ApplyForceTopN(int32_t n);
+  // Top-p then top-k on the order; sets the cut and the sorted kept prefix.
+  void ApplyTopPTopK(float top_p, int32_t top_k);
+  void ApplyMinP(float min_p);
+  // Ids of the finite tokens whose cumulative weight in score order first exceeds `mass`,
+  // plus every token ranked before them; sorted. May return all finite tokens.
+  void PrefixByMass(double mass, std::vector<int32_t>* out) const;
+  void SetCutToLastFinite();
+
+  int32_t vocab_size_ = 0;
+  std::vector<float> scores_;   // after temperature; -inf = removed before top-p
+  std::vector<float> weights_;  // exp(score - max); 0 for -inf
+  mutable std::vector<int32_t> ids_;  // scratch
+  std::vector<int32_t> top_n_ids_;    // survivors of force top-N
+  float max_score_ = 0.0f;
+  double total_sum_ = 0.0;      // sum of weights of the finite tokens
+  // The kept set: tokens ranked at or before (cut_score_, cut_token_).
+  float cut_score_ = 0.0f;
+  int32_t cut_token_ = 0;
+  double kept_sum_ = 1.0;
+  double log_kept_sum_ = 0.0;
+  // When the kept set was materialised (top-p or top-k active): it, sorted best first.
+  bool kept_sorted_ = false;
+  std::vector<int32_t> kept_;
+};
+
+}  // namespace samplerd
+
+#endif  // SAMPLERD_SAMPLER_ROW_PROCESSOR_H_

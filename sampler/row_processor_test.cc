@@ -1,0 +1,340 @@
+#include "sampler/row_processor.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "sampler/reference_sampler.h"
+#include "sampler/rng.h"
+#include "sampler/test_util.h"
+
+namespace samplerd {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+NormalizedParams Params(float temperature = 1.0f, float top_p = 1.0f, int32_t top_k = -1,
+                        float min_p = 0.0f) {
+  NormalizedParams p;
+  p.temperature = temperature;
+  p.top_p = top_p;
+  p.top_k = top_k;
+  p.min_p = min_p;
+  return p;
+}
+
+TEST(RowProcessor, TopPThenTopKWorkedExample) {
+  // SPEC 3: probabilities [0.50, 0.25, 0.15, 0.06, 0.04], top_p = 0.8, top_k = 2.
+  HostLogits logits(1, 5);
+  const double probs[5] = {0.50, 0.25, 0.15, 0.06, 0.04};
+  for (int t = 0; t < 5; ++t) logits.values[t] = static_cast<float>(std::log(probs[t]));
+  const NormalizedParams params = Params(1.0f, 0.8f, 2);
+  RowOptions options;
+  options.params = &params;
+  options.vocab_size = 5;
+  RowProcessor proc;
+  ASSERT_TRUE(proc.Process(logits.View(), 0, options).ok());
+  EXPECT_NEAR(std::exp(proc.Logprob(0)), 2.0 / 3.0, 1e-6);
+  EXPECT_NEAR(std::exp(proc.Logprob(1)), 1.0 / 3.0, 1e-6);
+  for (int t = 2; t < 5; ++t) EXPECT_EQ(proc.Logprob(t), kNegInf) << t;
+  EXPECT_EQ(proc.NumKept(), 2);
+}
+
+TEST(RowProcessor, TopPAloneKeepsShortestPrefixAboveThreshold) {
+  HostLogits logits(1, 5);
+  const double probs[5] = {0.50, 0.25, 0.15, 0.06, 0.04};
+  for (int t = 0; t < 5; ++t) logits.values[t] = static_cast<float>(std::log(probs[t]));
+  const NormalizedParams params = Params(1.0f, 0.8f);
+  RowOptions options;
+  options.params = &params;
+  options.vocab_size = 5;
+  RowProcessor proc;
+  ASSERT_TRUE(proc.Process(logits.View(), 0, options).ok());
+  EXPECT_EQ(proc.NumKept(), 3);  // sums before: 0, .5, .75 <= .8; .9 > .8
+  EXPECT_NEAR(std::exp(proc.Logprob(2)), 0.15 / 0.90, 1e-6);
+}
+
+TEST(RowProcessor, PaddingColumnsAreNeverReadOrSampled) {
+  HostLogits logits(1, 8);
+  for (int t = 0; t < 8; ++t) logits.values[t] = 0.0f;
+  logits.values[5] = std::nanf("");  // padding: not an error
+  logits.values[6] = 100.0f;         // padding: never sampled
+  logits.values[7] = std::numeric_limits<float>::infinity();
+  const NormalizedParams params = Params();
+  RowOptions options;
+  options.params = &params;
+  options.vocab_size = 5;
+  RowProcessor proc;
+  ASSERT_TRUE(proc.Process(logits.View(), 0, options).ok());
+  for (int i = 0; i < 1000; ++i) {
+    const int32_t token = proc.Draw(UniformDouble(3, i));
+    ASSERT_GE(token, 0);
+    ASSERT_LT(token, 5);
+  }
+  EXPECT_NEAR(proc.Logprob(0), std::log(0.2), 1e-6);
+}
+
+TEST(RowProcessor, NanOrPosInfInRealColumnIsAnError) {
+  for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
+    HostLogits logits(2, 6, 5);
+    logits.Row(1)[3] = bad;
+    const NormalizedParams params = Params();
+    RowOptions options;
+    options.params = &params;
+    options.vocab_size = 6;
+    options.field = "requests[4]";
+    RowProcessor proc;
+    const absl::Status status = proc.Process(logits.View(), 1, options);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(status.message()).find("requests[4]: logits row 1"), std::string::npos)
+        << status;
+  }
+}
+
+TEST(RowProcessor, FullyMaskedRowHasNoTokenLeft) {
+  HostLogits logits(1, 40, 5);
+  const NormalizedParams params = Params();
+  const std::string mask = MaskOf(40, {});
+  RowOptions options;
+  options.params = &params;
+  options.vocab_size = 40;
+  options.mask = reinterpret_cast<const unsigned char*>(mask.data());
+  RowProcessor proc;
+  const absl::Status status = proc.Process(logits.View(), 0, options);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(status.message()).find("no token left"), std::string::npos);
+}
+
+TEST(RowProcessor, ExactTiesRankByLowerIdFirst) {
+  // Four equal logits, top_k = 2: tokens 1 and 2 (the lower ids among the tied) survive.
+  HostLogits logits(1, 6);
+  const float row[6] = {-1.0f, 2.0f, 2.0f, 2.0f, 2.0f, 0.0f};
+  std::copy(row, row + 6, logits.values.begin());
+  const NormalizedParams params = Params(1.0f, 1.0f, 2);
+  RowOptions options;
+  options.params = &params;
+  options.vocab_size = 6;
+  RowProcessor proc;
+  ASSERT_TRUE(proc.Process(logits.View(), 0, options).ok());
+  EXPECT_TRUE(proc.Kept(1));
+  EXPECT_TRUE(proc.Kept(2));
+  EXPECT_FALSE(proc.Kept(3));
+  EXPECT_FALSE(proc.Kept(4));
+  TopLogprobs top;
+  proc.Top(3, &top);
+  EXPECT_EQ(top.token_ids, (std::vector<int32_t>{1, 2, -1}));
+  EXPECT_EQ(top.logprobs[2], kNegInf);
+  // Inverse CDF in order 1, 2: u < 0.5 draws 1.
+  EXPECT_EQ(proc.Draw(0.49), 1);
+  EXPECT_EQ(proc.Draw(0.51), 2);
+  // sum_smaller of 2: p(1) == p(2) and 1 <= 2, so both count: 1.0; of 1: only itself.
+  EXPECT_FLOAT_EQ(proc.SumSmallerProbs(2), 1.0f);
+  EXPECT_FLOAT_EQ(proc.SumSmallerProbs(1), 0.5f);
+}
+
+TEST(RowProcessor, RepetitionThenPresenceAndFrequency) {
+  HostLogits logits(1, 4);
+  const float row[4] = {2.0f, -2.0f, 1.0f, 0.5f};
+  std::copy(row, row + 4, logits.values.begin());
+  NormalizedParams params = Params();
+  params.repetition_penalty = 2.0f;
+  params.presence_penalty = 0.5f;
+  params.frequency_penalty = 0.25f;
+  const std::vector<int32_t> prompt = {0, 1};
+  const std::vector<int32_t> output = {2, 2, 1};
+  RowOptions options;
+  options.params = &params;
+  options.vocab_size = 4;
+  options.prompt_tokens = prompt;
+  options.output_tokens = output;
+  RowProcessor proc;
+  ASSERT_TRUE(proc.Process(logits.View(), 0, options).ok());
+  // 0: 2/2 = 1. 1: -2*2 = -4, then -0.5 - 0.25 = -4.75. 2: 1/2 = 0.5, -0.5 - 0.5 = -0.5.
+  // 3: untouched 0.5.
+  const double x[4] = {1.0, -4.75, -0.5, 0.5};
+  double z = 0;
+  for (double v : x) z += std::exp(v);
+  for (int t = 0; t < 4; ++t) EXPECT_NEAR(proc.Logprob(t), x[t] - std::log(z), 1e-6) << t;
+}
+
+TEST(RowProcessor, ForceTopNKeepsNLargestAndMinPCuts) {
+  HostLogits logits(1, 6);
+  const float row[6] = {0.0f, 3.0f, 1.0f, 3.0f, -1.0f, 2.0f};
+  std::copy(row, row + 6, logits.values.begin());
+  NormalizedParams params = Params();
+  RowOptions options;
+  options.params = &params;
+  options.vocab_size = 6;
+  options.force_top_n = 3;
+  RowProcessor proc;
+  ASSERT_TRUE(proc.Process(logits.View(), 0, options).ok());
+  EXPECT_EQ(proc.ForceTopNIds(), (std::vector<int32_t>{1, 3, 5}));
+  EXPECT_EQ(proc.NumKept(), 3);
+  params.min_p = 0.5f;  // exp(2 - 3) = 0.37 < 0.5: token 5 goes
+  ASSERT_TRUE(proc.Process(logits.View(), 0, options).ok());
+  EXPECT_EQ(proc.NumKept(), 2);
+  EXPECT_NEAR(proc.Logprob(1), std::log(0.5), 1e-6);
+}
+
+// The pipeline against the independent float64 reference on random rows.
+struct RandomCase {
+  int32_t vocab;
+  NormalizedParams params;
+  int32_t force_top_n = 0;
+  bool mask = false;
+  bool penalties = false;
+  bool ties = false;
+  DType dtype = DType::kFloat32;
+  bool prompt_mode = false;
+};
+
+void CheckAgainstReference(const RandomCase& c, uint64_t seed, int* compared) {
+  std::mt19937_64 rng(seed);
+  const int32_t pad = 3;
+  const int32_t cols = c.vocab + pad;
+  std::normal_distribution<float> normal(0.0f, 2.5f);
+  std::vector<float> raw(cols);
+  for (float& v : raw) v = normal(rng);
+  if (c.ties) {
+    for (float& v : raw) v = std::round(v * 2.0f) / 2.0f;  // many exact ties
+  }
+  for (int32_t t = c.vocab; t < cols; ++t) raw[t] = std::nanf("");  // padding NaN is fine
+  // Storage in the case's dtype; the reference sees the same (exactly converted) values.
+  std::vector<uint16_t> half(cols);
+  LogitsView view;
+  view.rows = 1;
+  view.cols = cols;
+  view.row_stride = cols;
+  view.dtype = c.dtype;
+  if (c.dtype == DType::kFloat32) {
+    view.data = raw.data();
+  } else {
+    for (int32_t t = 0; t < cols; ++t) {
+      half[t] = c.dtype == DType::kBFloat16 ? FloatToBFloat16(raw[t]) : FloatToHalf(raw[t]);
+      raw[t] = c.dtype == DType::kBFloat16 ? BFloat16ToFloat(half[t]) : HalfToFloat(half[t]);
+    }
+    view.data = half.data();
+  }
+  std::string mask;
+  std::vector<int32_t> prompt, output;
+  ReferenceOptions ref_options;
+  ref_options.vocab_size = c.vocab;
+  ref_options.force_top_n = c.force_top_n;
+  ref_options.prompt_mode = c.prompt_mode;
+  if (c.mask) {
+    std::vector<int32_t> allowed;
+    std::bernoulli_distribution keep(0.6);
+    for (int32_t t = 0; t < c.vocab; ++t) {
+      if (keep(rng)) allowed.push_back(t);
+    }
+    if (allowed.empty()) allowed.push_back(0);
+    mask = MaskOf(c.vocab, allowed);
+    ref_options.mask = reinterpret_cast<const unsigned char*>(mask.data());
+  }
+  if (c.penalties) {
+    std::uniform_int_distribution<int32_t> token(0, c.vocab - 1);
+    for (int i = 0; i < 20; ++i) prompt.push_back(token(rng));
+    for (int i = 0; i < 30; ++i) output.push_back(token(rng) % std::max(1, c.vocab / 4));
+    ref_options.prompt_tokens = prompt;
+    ref_options.output_tokens = output;
+  }
+  const ReferenceRow ref = ReferenceProcess(raw, c.params, ref_options);
+  ASSERT_TRUE(ref.ok);
+  if (ref.top_p_margin < 1e-6) return;  // the cut itself is within rounding: either is right
+
+  RowOptions options;
+  options.params = &c.params;
+  options.vocab_size = c.vocab;
+  options.force_top_n = c.force_top_n;
+  options.mask = ref_options.mask;
+  options.prompt_tokens = prompt;
+  options.output_tokens = output;
+  options.prompt_mode = c.prompt_mode;
+  RowProcessor proc;
+  ASSERT_TRUE(proc.Process(view, 0, options).ok());
+  ++*compared;
+
+  ASSERT_EQ(proc.NumKept(), static_cast<int64_t>(ref.order.size()));
+  for (int32_t t = 0; t < c.vocab; ++t) {
+    const double want = ref.logprobs[t];
+    const float got = proc.Logprob(t);
+    if (want == -std::numeric_limits<double>::infinity()) {
+      ASSERT_EQ(got, kNegInf) << "token " << t;
+    } else if (want >= -20.0) {
+      ASSERT_NEAR(got, want, 1e-5) << "token " << t;
+    }
+  }
+  const int32_t n = 7;
+  TopLogprobs top;
+  proc.Top(n, &top);
+  const auto ref_top = ReferenceTop(ref, n);
+  for (int32_t i = 0; i < n; ++i) {
+    ASSERT_EQ(top.token_ids[i], ref_top[i].first) << "rank " << i;
+    if (ref_top[i].first >= 0 && ref_top[i].second >= -20.0) {
+      ASSERT_NEAR(top.logprobs[i], ref_top[i].second, 1e-5);
+    }
+  }
+  for (uint64_t k = 0; k < 50; ++k) {
+    const double u = UniformDouble(seed, k);
+    double edge = 0;
+    const int32_t want = ReferenceDraw(ref, u, &edge);
+    const int32_t got = proc.Draw(u);
+    if (edge >= 1e-6) ASSERT_EQ(got, want) << "u = " << u;
+    ASSERT_NEAR(proc.SumSmallerProbs(got), ReferenceSumSmaller(ref, got), 1e-5);
+  }
+}
+
+TEST(RowProcessor, MatchesFloat64ReferenceOnRandomRows) {
+  std::vector<RandomCase> cases;
+  for (int32_t vocab : {5, 37, 1000, 50000}) {
+    cases.push_back({vocab, Params()});
+    cases.push_back({vocab, Params(0.7f, 0.95f, 50)});
+    cases.push_back({vocab, Params(1.3f, 0.9f)});
+    cases.push_back({vocab, Params(0.5f, 1.0f, 3)});
+    cases.push_back({vocab, Params(1.0f, 1.0f, -1, 0.05f)});
+    cases.push_back({vocab, Params(kSamplingEps)});
+    RandomCase masked{vocab, Params(0.8f, 0.9f, 20, 0.01f)};
+    masked.mask = true;
+    masked.penalties = true;
+    masked.params.repetition_penalty = 1.3f;
+    masked.params.presence_penalty = 0.4f;
+    masked.params.frequency_penalty = -0.2f;
+    cases.push_back(masked);
+    RandomCase topn{vocab, Params(0.9f, 0.95f)};
+    topn.force_top_n = std::max(2, vocab / 5);
+    cases.push_back(topn);
+    RandomCase ties{vocab, Params(1.0f, 0.9f, 10)};
+    ties.ties = true;
+    cases.push_back(ties);
+    RandomCase ties_full{vocab, Params()};
+    ties_full.ties = true;
+    cases.push_back(ties_full);
+    RandomCase bf16{vocab, Params(0.7f, 0.95f, 50)};
+    bf16.dtype = DType::kBFloat16;
+    cases.push_back(bf16);
+    RandomCase fp16{vocab, Params(1.0f, 0.8f)};
+    fp16.dtype = DType::kFloat16;
+    cases.push_back(fp16);
+    RandomCase prompt{vocab, Params(0.7f, 0.9f, 5, 0.5f)};
+    prompt.prompt_mode = true;
+    prompt.mask = true;  // ignored in prompt mode, by both
+    cases.push_back(prompt);
+  }
+  int compared = 0;
+  int total = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    for (uint64_t seed = 0; seed < 4; ++seed) {
+      SCOPED_TRACE(testing::Message() << "case " << i << " vocab " << cases[i].vocab
+                                      << " seed " << seed);
+      ++total;
+      CheckAgainstReference(cases[i], 1000 * i + seed, &compared);
+      if (HasFatalFailure()) return;
+    }
+  }
+  // Rows skipped for a top-p cut within 1e-6 of a cumulative sum must stay rare.
+  EXPECT_GE(compared, total * 9 / 10);
+}
+
+}  // namespace
+}  // namespace samplerd

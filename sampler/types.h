@@ -1,0 +1,134 @@
+// Core types of samplerd: a step's inputs as sent, and its results (SPEC sections 1, 2, 7).
+//
+// These mirror proto/samplerd/v1/sampler.proto without depending on protobuf: server/
+// converts between the two, and everything in sampler/ and cuda/ speaks these types only.
+//
+//   Step step;
+//   step.kind = StepKind::kPrefill;
+//   step.vocab_size = 32000;
+//   step.logits = LogitsView{...};
+//   step.requests.push_back(RequestInputs{.request_id = "a", .row = 0});
+#ifndef SAMPLERD_SAMPLER_TYPES_H_
+#define SAMPLERD_SAMPLER_TYPES_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace samplerd {
+
+enum class DType { kFloat32, kBFloat16, kFloat16 };
+enum class StepKind { kPrefill, kDecode, kDraft };
+
+// Bytes per element of `dtype`.
+int DTypeSize(DType dtype);
+const char* DTypeName(DType dtype);
+const char* StepKindName(StepKind kind);
+
+// A [rows, cols] matrix of logits somewhere in memory, row-major, `row_stride` elements apart.
+// Borrowed: whoever built the view keeps the memory alive (and checked its extent) until the
+// step is answered. `on_device` says whether `data` is a CUDA device pointer.
+struct LogitsView {
+  const void* data = nullptr;
+  DType dtype = DType::kFloat32;
+  int32_t rows = 0;
+  int32_t cols = 0;
+  int64_t row_stride = 0;  // elements; always >= cols once built
+  bool on_device = false;
+
+  // Bytes the view spans: (rows - 1) * row_stride + cols elements.
+  int64_t ByteExtent() const;
+  const void* Row(int32_t row) const {
+    return static_cast<const char*>(data) +
+           static_cast<int64_t>(row) * row_stride * DTypeSize(dtype);
+  }
+};
+
+// Sampling parameters as sent; unset fields take SPEC section 2's defaults.
+struct SamplingParams {
+  std::optional<float> temperature;
+  std::optional<float> top_p;
+  std::optional<int32_t> top_k;
+  std::optional<float> min_p;
+  std::optional<float> repetition_penalty;
+  std::optional<float> presence_penalty;
+  std::optional<float> frequency_penalty;
+  std::optional<int32_t> top_logprobs;
+  std::optional<uint64_t> seq_seed;
+};
+
+// Draft distributions sent with a DECODE request (SPEC section 6).
+struct DraftDistributions {
+  enum class Form {
+    kPool,   // none sent: the server's draft pool (the speculative-decoding issue)
+    kDense,  // `values` is [q - 1, cols] of processed logprobs
+    kTopN,   // `values` is [q - 1, N], `token_ids` the matching [q - 1, N] ids
+  };
+  Form form = Form::kPool;
+  LogitsView values;
+  std::vector<int32_t> token_ids;
+};
+
+// One request (sequence) of a step, as sent. Which fields matter depends on the step kind.
+struct RequestInputs {
+  std::string request_id;
+  SamplingParams params;
+  int32_t row = 0;                      // PREFILL
+  int32_t first_row = 0;                // DECODE
+  int32_t num_rows = 0;                 // DECODE: q
+  std::vector<int32_t> rows;            // DRAFT
+  std::vector<int32_t> draft_indices;   // DRAFT: i in 1..nextn, one per row
+  int64_t sample_position = 0;
+  int64_t last_valid_offset = 0;        // DRAFT
+  std::vector<int32_t> draft_token_ids; // DECODE: q - 1 drafts, -1 = outside the top-N
+  DraftDistributions drafts;            // DECODE
+  std::vector<int32_t> golden_token_ids;             // PREFILL, DECODE; -1 = none
+  std::vector<std::string> allowed_token_masks;      // one per sampled row; "" = none
+  std::vector<int32_t> prompt_token_ids;
+  std::vector<int32_t> output_token_ids;
+  int32_t prompt_first_row = 0;         // PREFILL
+  std::vector<int32_t> prompt_targets;  // PREFILL
+};
+
+// One call: one logits tensor and the requests that read it.
+struct Step {
+  uint64_t step_id = 0;
+  StepKind kind = StepKind::kPrefill;
+  int32_t vocab_size = 0;
+  int32_t force_top_n = 0;  // 0 = off
+  bool compute_sum_smaller_probs = false;
+  LogitsView logits;
+  std::vector<RequestInputs> requests;
+};
+
+// The top logprobs of one emitted token: descending, ties by lower id, padded with (-1, -inf).
+struct TopLogprobs {
+  std::vector<int32_t> token_ids;
+  std::vector<float> logprobs;
+};
+
+// The answer for one request. When `status` is not OK the other fields are empty except
+// `request_id` (and `seq_seed` where it was known).
+struct RequestResult {
+  std::string request_id;
+  absl::Status status;
+  std::vector<int32_t> token_ids;
+  int32_t num_accepted = 0;
+  std::vector<float> logprobs;
+  std::vector<TopLogprobs> top_logprobs;
+  std::vector<float> sum_smaller_probs;  // only when the step asked for them
+  std::vector<float> prompt_logprobs;
+  uint64_t seq_seed = 0;
+};
+
+struct StepResult {
+  uint64_t step_id = 0;
+  std::vector<RequestResult> results;  // one per request, in request order
+};
+
+}  // namespace samplerd
+
+#endif  // SAMPLERD_SAMPLER_TYPES_H_

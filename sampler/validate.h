@@ -1,0 +1,95 @@
+// Validation and normalisation of a step (SPEC sections 1, 2 and 9).
+//
+// PlanStep checks everything that can be checked without reading logits and turns the step
+// into a StepPlan: per request, its normalised parameters, the rows it samples with their
+// random-number positions, golden tokens and grammar masks. A fault of the step itself (its
+// tensor, row ranges that overlap or exceed the tensor) fails PlanStep; a fault confined to one
+// request only sets that request's `status`, and the backend skips it.
+//
+//   ASSIGN_OR_RETURN(StepPlan plan, PlanStep(step, limits, seed_source));
+//   ASSIGN_OR_RETURN(StepResult result, backend.Sample(plan));
+#ifndef SAMPLERD_SAMPLER_VALIDATE_H_
+#define SAMPLERD_SAMPLER_VALIDATE_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "sampler/types.h"
+
+namespace samplerd {
+
+// Temperatures below this become it, and turn top-p, top-k and min-p off (SPEC section 2).
+inline constexpr float kSamplingEps = 1e-5f;
+// Prompt logprobs are computed in chunks of at most this many rows (SPEC section 7).
+inline constexpr int32_t kPromptLogprobChunkRows = 8192;
+
+// Server-wide limits. Defaults are the documented server defaults.
+struct Limits {
+  int32_t max_top_logprobs = 64;    // SPEC 7: at least 20
+  int32_t max_rows = 1 << 20;       // rows of one logits tensor
+  int32_t max_vocab_size = 1 << 22; // vocab_size and cols
+  int32_t max_force_top_n = 16384;  // as the seed's remap_draft_topk bound on NVIDIA
+  int32_t max_requests = 1 << 16;   // requests of one step
+};
+
+// Parameters after SPEC section 2's checks and normalisation.
+struct NormalizedParams {
+  float temperature = 1.0f;  // >= kSamplingEps
+  float top_p = 1.0f;        // (0, 1]; 1 = off
+  int32_t top_k = -1;        // -1 = off, else >= 1
+  float min_p = 0.0f;        // [0, 1]; 0 = off
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  int32_t top_logprobs = 0;
+  uint64_t seq_seed = 0;     // as sent, or drawn by the server
+  bool HasPenalties() const {
+    return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
+  }
+};
+
+// One row that a request samples from (its draw and outputs).
+struct SampledRow {
+  int32_t row = 0;                   // row of the logits tensor
+  uint64_t position = 0;             // random-number position (SPEC section 4)
+  int32_t golden = -1;               // golden token, -1 = none
+  const unsigned char* mask = nullptr;  // allowed-token bitmask, null = unconstrained
+  int32_t local_step = 0;            // DECODE: j; DRAFT: index in `rows`; PREFILL: 0
+};
+
+// What the backend does for one request.
+struct RequestPlan {
+  absl::Status status;  // not OK: the request is answered with this and nothing is computed
+  NormalizedParams params;
+  uint64_t seed = 0;    // the stream seed: seq_seed, plus kDraftSeedOffset in DRAFT steps
+  std::vector<SampledRow> sampled_rows;  // in emission order
+  const RequestInputs* inputs = nullptr;  // borrowed from the Step
+};
+
+struct StepPlan {
+  const Step* step = nullptr;  // borrowed; outlives the plan
+  std::vector<RequestPlan> requests;
+};
+
+// Draws the 64-bit seed of a request that sent none. Must be thread-safe.
+using SeedSource = std::function<uint64_t()>;
+// A SeedSource backed by the operating system's entropy.
+SeedSource RandomSeedSource();
+
+// Checks `step` against SPEC and `limits` and plans it.
+// Errors (the step as a whole): INVALID_ARGUMENT for a malformed tensor, a bad vocab_size or
+// force_top_n, a row outside the tensor or rows claimed by two requests; RESOURCE_EXHAUSTED
+// when the step exceeds `limits`. The message names the field. Per-request faults are
+// INVALID_ARGUMENT in that request's `status`.
+absl::StatusOr<StepPlan> PlanStep(const Step& step, const Limits& limits,
+                                  const SeedSource& seed_source);
+
+// SPEC section 2 on one request's parameters: checks, then normalises. `field` prefixes messages.
+absl::StatusOr<NormalizedParams> NormalizeParams(const SamplingParams& params,
+                                                 const Limits& limits, const std::string& field);
+
+}  // namespace samplerd
+
+#endif  // SAMPLERD_SAMPLER_VALIDATE_H_
