@@ -13,20 +13,47 @@
 namespace samplerd {
 namespace {
 
-// The draft model's processed distribution q_j of one verify row (SPEC section 6).
-struct DraftRowView {
-  const float* logprobs = nullptr;     // dense: V values; sparse: n values
-  const int32_t* token_ids = nullptr;  // null = dense
-  int32_t n = 0;
-
-  // q_j(token) = exp(draft logprob), exactly as sent (not renormalised); 0 when absent.
-  double Q(int32_t token) const {
-    if (token_ids == nullptr) return std::exp(static_cast<double>(logprobs[token]));
-    for (int32_t i = 0; i < n; ++i) {
-      if (token_ids[i] == token) return std::exp(static_cast<double>(logprobs[i]));
-    }
-    return 0.0;
+// The draft model's processed distribution q_j of one verify row (SPEC section 6). Values are
+// read on demand: verification looks at q(d) and, after a rejection, q over the target's kept
+// tokens only, so a dense [q - 1, V] draft tensor is never read in full.
+class DraftRowView {
+ public:
+  // Dense, from a sent tensor: row `row` of `view` (V columns used).
+  static DraftRowView Dense(const LogitsView& view, int32_t row) {
+    DraftRowView out;
+    out.view_ = view;
+    out.view_row_ = row;
+    return out;
   }
+  // Dense or sparse, from float storage (the pool, or a loaded top-N row).
+  static DraftRowView Values(const float* logprobs, const int32_t* token_ids, int32_t n) {
+    DraftRowView out;
+    out.logprobs_ = logprobs;
+    out.token_ids_ = token_ids;
+    out.n_ = n;
+    return out;
+  }
+
+  // The draft logprob of `token` (-inf when the draft's top-N does not hold it).
+  float Logprob(int32_t token) const {
+    if (view_.data != nullptr) {
+      float value;
+      LoadRowAsFloat(view_, view_row_, token, 1, &value);
+      return value;
+    }
+    if (token_ids_ == nullptr) return logprobs_[token];
+    for (int32_t i = 0; i < n_; ++i) {
+      if (token_ids_[i] == token) return logprobs_[i];
+    }
+    return -std::numeric_limits<float>::infinity();
+  }
+
+ private:
+  LogitsView view_;  // data == nullptr unless dense-from-tensor
+  int32_t view_row_ = 0;
+  const float* logprobs_ = nullptr;
+  const int32_t* token_ids_ = nullptr;  // null = dense
+  int32_t n_ = 0;
 };
 
 // What one sampled row contributes to its request.
@@ -50,51 +77,44 @@ struct Task {
 struct CpuBackend::Worker {
   RowProcessor processor;
   std::vector<int32_t> extra_tokens;  // a DECODE row's earlier drafts
-  std::vector<float> draft_values;    // one sent draft row, as float
-  std::vector<double> residual;       // max(0, p - q)
+  std::vector<float> draft_values;    // one sent top-N draft row, as float
 };
 
 namespace {
 
-// Resolves q_j for verify row j of a DECODE request; loads sent rows into `buffer`.
-absl::StatusOr<DraftRowView> ResolveDraftRow(const RequestInputs& inputs, int32_t j,
-                                             int32_t vocab_size, const DraftPool::Entry* entry,
-                                             const std::string& field,
-                                             std::vector<float>& buffer) {
+// Resolves q_j for verify row j of a DECODE request; a sent top-N row is loaded into `buffer`.
+DraftRowView ResolveDraftRow(const RequestInputs& inputs, int32_t j, const DraftPool::Entry* entry,
+                             std::vector<float>& buffer) {
   const DraftDistributions& drafts = inputs.drafts;
-  DraftRowView view;
   switch (drafts.form) {
     case DraftDistributions::Form::kPool: {
       const DraftRow& row = entry->at(j + 1);  // presence checked when the entry was taken
-      view.logprobs = row.logprobs.data();
-      if (!row.token_ids.empty()) {
-        view.token_ids = row.token_ids.data();
-        view.n = static_cast<int32_t>(row.token_ids.size());
-      }
-      return view;
+      return DraftRowView::Values(row.logprobs.data(),
+                                  row.token_ids.empty() ? nullptr : row.token_ids.data(),
+                                  static_cast<int32_t>(row.token_ids.size()));
     }
     case DraftDistributions::Form::kDense:
+      return DraftRowView::Dense(drafts.values, j);
     case DraftDistributions::Form::kTopN: {
-      const bool dense = drafts.form == DraftDistributions::Form::kDense;
-      const int32_t n = dense ? vocab_size : drafts.values.cols;
+      const int32_t n = drafts.values.cols;
       buffer.resize(n);
-      LoadRowAsFloat(drafts.values, j, n, buffer.data());
-      for (int32_t i = 0; i < n; ++i) {
-        if (std::isnan(buffer[i]) || buffer[i] == std::numeric_limits<float>::infinity()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              field, dense ? ".draft_logprobs" : ".draft_topn.values", " row ", j,
-              " has a NaN or +inf"));
-        }
-      }
-      view.logprobs = buffer.data();
-      if (!dense) {
-        view.token_ids = drafts.token_ids.data() + static_cast<size_t>(j) * n;
-        view.n = n;
-      }
-      return view;
+      LoadRowAsFloat(drafts.values, j, 0, n, buffer.data());
+      return DraftRowView::Values(buffer.data(),
+                                  drafts.token_ids.data() + static_cast<size_t>(j) * n, n);
     }
   }
-  return view;
+  return DraftRowView::Values(nullptr, nullptr, 0);
+}
+
+// q(x) = exp(draft logprob), exactly as sent; NaN or +inf logprobs are the request's error.
+absl::StatusOr<double> DraftProbability(const DraftRowView& q_row, int32_t token, int32_t row,
+                                        const std::string& field) {
+  const float logprob = q_row.Logprob(token);
+  if (std::isnan(logprob) || logprob == std::numeric_limits<float>::infinity()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": the draft logprob of token ", token,
+                                                   " at verify row ", row, " is NaN or +inf"));
+  }
+  return std::exp(static_cast<double>(logprob));
 }
 
 // Takes a DECODE request's drafts from the pool and checks they cover rows 0..q-2.
@@ -220,19 +240,23 @@ absl::StatusOr<StepResult> CpuBackend::Sample(const StepPlan& plan) {
 
     if (is_verify) {
       const int32_t draft = inputs.draft_token_ids[task.index];
-      auto q_row = ResolveDraftRow(inputs, task.index, step.vocab_size,
-                                   &pool_entries[task.request], field, worker.draft_values);
-      if (!q_row.ok()) {
-        out.status = q_row.status();
-        return;
-      }
+      const DraftRowView q_row = ResolveDraftRow(inputs, task.index, &pool_entries[task.request],
+                                                 worker.draft_values);
       if (row.golden != -1) {
         // Teacher forcing: accept iff the draft is the golden token; emit the golden token.
         out.accepted = draft == row.golden;
         out.token = row.golden;
       } else {
+        double q = 0.0;
+        if (draft >= 0) {
+          auto q_draft = DraftProbability(q_row, draft, task.index, field);
+          if (!q_draft.ok()) {
+            out.status = q_draft.status();
+            return;
+          }
+          q = *q_draft;
+        }
         const double p = draft >= 0 ? proc.Probability(draft) : 0.0;
-        const double q = draft >= 0 ? q_row->Q(draft) : 0.0;
         const double u = UniformDouble(request.seed,
                                        SequenceNumber(row.position, DrawCase::kAcceptReject));
         out.accepted = draft >= 0 && q > 0.0 && u < p / q;
@@ -240,24 +264,23 @@ absl::StatusOr<StepResult> CpuBackend::Sample(const StepPlan& plan) {
           out.token = draft;
         } else {
           // The replacement: from max(0, p - q) renormalised; from p when that is empty.
-          std::vector<double>& residual = worker.residual;
-          residual.resize(step.vocab_size);
-          for (int32_t x = 0; x < step.vocab_size; ++x) residual[x] = proc.Probability(x);
-          if (q_row->token_ids == nullptr) {
-            for (int32_t x = 0; x < step.vocab_size; ++x) {
-              if (residual[x] > 0.0) residual[x] = std::max(0.0, residual[x] - q_row->Q(x));
-            }
-          } else {
-            for (int32_t i = 0; i < q_row->n; ++i) {
-              const int32_t x = q_row->token_ids[i];
-              if (x < 0 || residual[x] == 0.0) continue;
-              residual[x] = std::max(
-                  0.0, residual[x] - std::exp(static_cast<double>(q_row->logprobs[i])));
-            }
-          }
+          absl::Status q_status;
           const double u_replace =
               UniformDouble(request.seed, SequenceNumber(row.position, DrawCase::kReplacement));
-          out.token = proc.DrawFromWeights(residual, u_replace);
+          out.token = proc.DrawFromKeptWeights(
+              [&](int32_t x, double p_x) {
+                auto q_x = DraftProbability(q_row, x, task.index, field);
+                if (!q_x.ok()) {
+                  q_status.Update(q_x.status());
+                  return 0.0;
+                }
+                return std::max(0.0, p_x - *q_x);
+              },
+              u_replace);
+          if (!q_status.ok()) {
+            out.status = q_status;
+            return;
+          }
           if (out.token < 0) out.token = proc.Draw(u_replace);
         }
       }

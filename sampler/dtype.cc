@@ -29,8 +29,10 @@ uint16_t FloatToHalf(float value) {
   return sign | static_cast<uint16_t>((abs - 0x38000000u + rounding) >> 13);
 }
 
-void LoadRowAsFloat(const LogitsView& view, int32_t row, int32_t num_cols, float* out) {
-  const void* src = view.Row(row);
+void LoadRowAsFloat(const LogitsView& view, int32_t row, int32_t first_col, int32_t num_cols,
+                    float* out) {
+  const void* src = static_cast<const char*>(view.Row(row)) +
+                    static_cast<int64_t>(first_col) * DTypeSize(view.dtype);
   switch (view.dtype) {
     case DType::kFloat32:
       std::memcpy(out, src, static_cast<size_t>(num_cols) * sizeof(float));

@@ -50,8 +50,13 @@ inline float HalfToFloat(uint16_t bits) {
 uint16_t FloatToBFloat16(float value);
 uint16_t FloatToHalf(float value);
 
-// Writes columns [0, num_cols) of `row` of `view` (host memory) as float32 into `out`.
-void LoadRowAsFloat(const LogitsView& view, int32_t row, int32_t num_cols, float* out);
+// Writes columns [first_col, first_col + num_cols) of `row` of `view` (host memory) as float32
+// into `out`.
+void LoadRowAsFloat(const LogitsView& view, int32_t row, int32_t first_col, int32_t num_cols,
+                    float* out);
+inline void LoadRowAsFloat(const LogitsView& view, int32_t row, int32_t num_cols, float* out) {
+  LoadRowAsFloat(view, row, 0, num_cols, out);
+}
 
 }  // namespace samplerd
 

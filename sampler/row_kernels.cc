@@ -17,22 +17,26 @@ namespace {
 
 constexpr int kLanes = 8;
 
-// exp(x) for x <= 0 (the only range used: x = score - max). Cody-Waite reduction by ln 2 and a
-// degree-6 polynomial on [-ln2/2, ln2/2]; branch-free so that the loops vectorise.
+// exp(x) for x <= 0 (the only range used: x = score - max). Cephes' expf: Cody-Waite reduction
+// by ln 2 and a degree-6 polynomial on [-ln2/2, ln2/2], with plain multiplies and adds (no
+// fma, so every instruction set computes the same bits), branch-free so that loops vectorise.
 inline float ExpNonPositive(float x) {
   // Below this exp(x) is under FLT_MIN; the clamp also maps -inf to a finite value.
   const bool underflow = !(x > -87.0f);
-  x = underflow ? -87.0f : x;
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  float r = std::fma(n, -0.693359375f, x);
-  r = std::fma(n, 2.12194440e-4f, r);
+  x = x > -87.0f ? x : -87.0f;
+  // Round to nearest by the 1.5 * 2^23 trick (exact here: |x * log2 e| < 126).
+  const float kRound = 12582912.0f;
+  const float n = (x * 1.44269504088896341f + kRound) - kRound;
+  float r = x - n * 0.693359375f;  // exact: 0.693359375 has 9 significant bits
+  r = r + n * 2.12194440e-4f;
+  const float r2 = r * r;
   float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
-  p = std::fma(p * r, r, r) + 1.0f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r2 + r + 1.0f;
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
@@ -72,20 +76,15 @@ void DivideInPlace(float* values, int32_t n, float divisor) {
 
 SAMPLERD_VECTOR_CLONES
 double ExpShiftAndSum(const float* values, int32_t n, float shift, float* weights) {
+  // Two simple loops, each of which the compiler vectorises: the exps, then a float64 sum in
+  // eight fixed lanes (the order depends on n only).
+  for (int32_t i = 0; i < n; ++i) weights[i] = ExpNonPositive(values[i] - shift);
   double lanes[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
   int32_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) {
-      const float w = ExpNonPositive(values[i + j] - shift);
-      weights[i + j] = w;
-      lanes[j] += static_cast<double>(w);
-    }
+    for (int j = 0; j < kLanes; ++j) lanes[j] += static_cast<double>(weights[i + j]);
   }
-  for (; i < n; ++i) {
-    const float w = ExpNonPositive(values[i] - shift);
-    weights[i] = w;
-    lanes[0] += static_cast<double>(w);
-  }
+  for (; i < n; ++i) lanes[0] += static_cast<double>(weights[i]);
   // Fixed pairwise combination of the lanes.
   return ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) +
          ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));

@@ -297,8 +297,40 @@ int32_t RowProcessor::Draw(double u) const {
   }, u);
 }
 
-int32_t RowProcessor::DrawFromWeights(absl::Span<const double> weights, double u) const {
-  return DrawByWeight(vocab_size_, [&weights](int32_t t) { return weights[t]; }, u);
+int32_t RowProcessor::DrawFromKeptWeights(const std::function<double(int32_t, double)>& weight,
+                                          double u) const {
+  entries_.clear();
+  auto visit = [&](int32_t t) {
+    const double w = weight(t, Probability(t));
+    if (w > 0.0) entries_.emplace_back(w, t);
+  };
+  if (kept_sorted_) {
+    for (int32_t t : kept_) visit(t);
+  } else {
+    for (int32_t t = 0; t < vocab_size_; ++t) {
+      if (Kept(t)) visit(t);
+    }
+  }
+  if (entries_.empty()) return -1;
+  constexpr size_t kSortLimit = 4096;
+  if (entries_.size() > kSortLimit) {
+    // Many candidates: the bucketed draw over a dense copy (in id order) avoids a full sort.
+    dense_.assign(vocab_size_, 0.0);
+    for (const auto& [w, t] : entries_) dense_[t] = w;
+    return DrawByWeight(vocab_size_, [this](int32_t t) { return dense_[t]; }, u);
+  }
+  std::sort(entries_.begin(), entries_.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  double total = 0.0;
+  for (const auto& entry : entries_) total += entry.first;
+  const double target = u * total;
+  double cumulative = 0.0;
+  for (const auto& [w, t] : entries_) {
+    cumulative += w;
+    if (cumulative > target) return t;
+  }
+  return entries_.back().second;
 }
 
 void RowProcessor::Top(int32_t n, TopLogprobs* out) const {

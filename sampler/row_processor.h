@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -87,10 +88,12 @@ class RowProcessor {
   // Number of kept tokens.
   int64_t NumKept() const;
 
-  // Draws from weights w[x] (non-negative, 0 = excluded) over [0, V) in the order of w
-  // descending, ties by lower id, at cumulative u * sum(w). Returns -1 when sum(w) == 0.
-  // Used for the residual distribution of a rejected draft. `weights` has V entries.
-  int32_t DrawFromWeights(absl::Span<const double> weights, double u) const;
+  // SPEC 5's draw from weights over the kept tokens: w = weight(token, p_token) >= 0, in the
+  // order "w descending, ties by lower id", at cumulative u * sum(w). Returns -1 when every
+  // weight is 0. Used for the residual max(0, p - q) of a rejected draft; only kept tokens
+  // can have p > 0, so only they are visited.
+  int32_t DrawFromKeptWeights(const std::function<double(int32_t, double)>& weight,
+                              double u) const;
 
  private:
   void ApplyMask(const unsigned char* mask);
@@ -108,6 +111,8 @@ class RowProcessor {
   std::vector<float> scores_;   // after temperature; -inf = removed before top-p
   std::vector<float> weights_;  // exp(score - max); 0 for -inf
   mutable std::vector<int32_t> ids_;  // scratch
+  mutable std::vector<std::pair<double, int32_t>> entries_;  // scratch of DrawFromKeptWeights
+  mutable std::vector<double> dense_;                        // scratch of DrawFromKeptWeights
   std::vector<int32_t> top_n_ids_;    // survivors of force top-N
   float max_score_ = 0.0f;
   double total_sum_ = 0.0;      // sum of weights of the finite tokens

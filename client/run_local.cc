@@ -1,0 +1,96 @@
+#include "client/run_local.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "google/protobuf/util/json_util.h"
+#include "samplerd/v1/sampler.pb.h"
+#include "sampler/cpu_backend.h"
+#include "server/proto_convert.h"
+
+namespace samplerd {
+namespace {
+
+absl::StatusOr<v1::SampleRequestList> ParseSteps(const std::string& json, bool* single) {
+  const absl::string_view text = absl::StripAsciiWhitespace(json);
+  google::protobuf::util::JsonParseOptions parse;
+  v1::SampleRequestList list;
+  *single = false;
+  google::protobuf::util::Status status;
+  if (absl::StartsWith(text, "[")) {
+    status = google::protobuf::util::JsonStringToMessage(absl::StrCat("{\"steps\":", text, "}"),
+                                                         &list, parse);
+  } else if (text.find("\"steps\"") != absl::string_view::npos &&
+             google::protobuf::util::JsonStringToMessage(std::string(text), &list, parse).ok()) {
+    return list;
+  } else {
+    *single = true;
+    status = google::protobuf::util::JsonStringToMessage(std::string(text), list.add_steps(), parse);
+  }
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("input is not a SampleRequest in protobuf JSON: ", status.message().as_string()));
+  }
+  return list;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> RunLocalJson(const std::string& json, const RunLocalOptions& options) {
+  bool single = false;
+  auto steps = ParseSteps(json, &single);
+  if (!steps.ok()) return steps.status();
+  CpuBackendOptions backend_options;
+  backend_options.num_threads = options.num_threads;
+  auto backend = CpuBackend::Create(backend_options);
+  if (!backend.ok()) return backend.status();
+  Limits limits;
+  limits.max_top_logprobs = options.max_top_logprobs;
+  const SeedSource seeds = RandomSeedSource();
+
+  v1::SampleResponseList responses;
+  for (int i = 0; i < steps->steps_size(); ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::string where = single ? "" : absl::StrCat("steps[", i, "]: ");
+    auto converted = StepFromProto(steps->steps(i), /*resolver=*/nullptr);
+    if (!converted.ok()) {
+      return absl::Status(converted.status().code(),
+                          absl::StrCat(where, converted.status().message()));
+    }
+    auto plan = PlanConvertedStep(**converted, limits, seeds);
+    if (!plan.ok()) {
+      return absl::Status(plan.status().code(), absl::StrCat(where, plan.status().message()));
+    }
+    const auto computed = std::chrono::steady_clock::now();
+    auto result = (*backend)->Sample(*plan);
+    if (!result.ok()) return result.status();
+    const auto done = std::chrono::steady_clock::now();
+    v1::SampleResponse* response = responses.add_steps();
+    ResultToProto(*result, response);
+    auto us = [](auto d) { return std::chrono::duration_cast<std::chrono::microseconds>(d).count(); };
+    response->mutable_timing()->set_queue_us(0);
+    response->mutable_timing()->set_compute_us(us(done - computed));
+    response->mutable_timing()->set_total_us(us(done - start));
+  }
+
+  google::protobuf::util::JsonPrintOptions print;
+  print.add_whitespace = true;
+  print.always_print_primitive_fields = false;
+  std::string out;
+  if (single) {
+    google::protobuf::util::MessageToJsonString(responses.steps(0), &out, print);
+    return out;
+  }
+  // A JSON array of responses: print each and join.
+  out = "[\n";
+  for (int i = 0; i < responses.steps_size(); ++i) {
+    std::string one;
+    google::protobuf::util::MessageToJsonString(responses.steps(i), &one, print);
+    absl::StrAppend(&out, one, i + 1 < responses.steps_size() ? ",\n" : "\n");
+  }
+  out += "]\n";
+  return out;
+}
+
+}  // namespace samplerd

@@ -1,0 +1,272 @@
+#include "server/proto_convert.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace samplerd {
+namespace {
+
+absl::Status Invalid(const std::string& field, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, const std::string& field) {
+  switch (dtype) {
+    case v1::FLOAT32:
+      return DType::kFloat32;
+    case v1::BFLOAT16:
+      return DType::kBFloat16;
+    case v1::FLOAT16:
+      return DType::kFloat16;
+    default:
+      return Invalid(field + ".dtype", "required: FLOAT32, BFLOAT16 or FLOAT16");
+  }
+}
+
+// Resolves one Tensor (no shards) to a view.
+absl::StatusOr<LogitsView> SingleTensorView(const v1::Tensor& tensor, const std::string& field,
+                                            ConvertedStep& holder, LogitsSourceResolver* resolver) {
+  LogitsView view;
+  view.rows = tensor.rows();
+  view.cols = tensor.cols();
+  if (view.rows <= 0) return Invalid(field + ".rows", absl::StrCat(view.rows, " must be >= 1"));
+  if (view.cols <= 0) return Invalid(field + ".cols", absl::StrCat(view.cols, " must be >= 1"));
+  view.row_stride = tensor.row_stride() == 0 ? tensor.cols() : tensor.row_stride();
+  if (view.row_stride < view.cols) {
+    return Invalid(field + ".row_stride",
+                   absl::StrCat(tensor.row_stride(), " is less than cols = ", view.cols));
+  }
+  if (tensor.source_case() == v1::Tensor::kValues) {
+    if (tensor.dtype() != v1::DTYPE_UNSPECIFIED && tensor.dtype() != v1::FLOAT32) {
+      return Invalid(field + ".dtype", "`values` are float32: dtype must be FLOAT32 or unset");
+    }
+    view.dtype = DType::kFloat32;
+  } else {
+    auto dtype = DTypeFromProto(tensor.dtype(), field);
+    if (!dtype.ok()) return dtype.status();
+    view.dtype = *dtype;
+  }
+  const int64_t extent = view.ByteExtent();
+  switch (tensor.source_case()) {
+    case v1::Tensor::kData:
+      if (static_cast<int64_t>(tensor.data().size()) < extent) {
+        return Invalid(field + ".data",
+                       absl::StrCat(tensor.data().size(), " bytes; [", view.rows, ", ", view.cols,
+                                    "] ", DTypeName(view.dtype), " with row_stride ",
+                                    view.row_stride, " needs ", extent));
+      }
+      view.data = tensor.data().data();
+      return view;
+    case v1::Tensor::kValues:
+      if (static_cast<int64_t>(tensor.values().values_size()) * 4 < extent) {
+        return Invalid(field + ".values",
+                       absl::StrCat(tensor.values().values_size(), " values; [", view.rows, ", ",
+                                    view.cols, "] with row_stride ", view.row_stride, " needs ",
+                                    extent / 4));
+      }
+      view.data = tensor.values().values().data();
+      return view;
+    case v1::Tensor::kBuffer:
+    case v1::Tensor::kCudaIpc:
+    case v1::Tensor::kNccl: {
+      if (resolver == nullptr) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            field, ": buffer, cuda_ipc and nccl sources need a running samplerd server; "
+                   "inline `data` or `values` are read here"));
+      }
+      std::shared_ptr<const void> lease;
+      auto data = resolver->Resolve(tensor, extent, field, &view.on_device, &lease);
+      if (!data.ok()) return data.status();
+      view.data = *data;
+      if (lease) holder.leases.push_back(std::move(lease));
+      return view;
+    }
+    case v1::Tensor::SOURCE_NOT_SET:
+      break;
+  }
+  return Invalid(field, "has no source: set data, values, buffer, cuda_ipc, nccl or shards");
+}
+
+// Resolves a Tensor, concatenating tensor-parallel shards along columns into owned storage.
+absl::StatusOr<LogitsView> TensorView(const v1::Tensor& tensor, const std::string& field,
+                                      ConvertedStep& holder, LogitsSourceResolver* resolver) {
+  if (tensor.shards_size() == 0) return SingleTensorView(tensor, field, holder, resolver);
+  if (tensor.source_case() != v1::Tensor::SOURCE_NOT_SET) {
+    return Invalid(field, "set either shards or a source, not both");
+  }
+  std::vector<LogitsView> shards;
+  int64_t cols = 0;
+  for (int s = 0; s < tensor.shards_size(); ++s) {
+    const std::string shard_field = absl::StrCat(field, ".shards[", s, "]");
+    if (tensor.shards(s).shards_size() > 0) return Invalid(shard_field, "shards do not nest");
+    auto view = SingleTensorView(tensor.shards(s), shard_field, holder, resolver);
+    if (!view.ok()) return view.status();
+    if (view->on_device) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(shard_field, ": device-memory shards are not supported yet"));
+    }
+    if (!shards.empty() && (view->rows != shards[0].rows || view->dtype != shards[0].dtype)) {
+      return Invalid(shard_field, "every shard must have the same rows and dtype as shards[0]");
+    }
+    cols += view->cols;
+    shards.push_back(*view);
+  }
+  if (cols > (int64_t{1} << 30)) return Invalid(field, "shards are too wide");
+  LogitsView out;
+  out.dtype = shards[0].dtype;
+  out.rows = shards[0].rows;
+  out.cols = static_cast<int32_t>(cols);
+  out.row_stride = cols;
+  const int elem = DTypeSize(out.dtype);
+  auto storage = std::make_unique<std::vector<unsigned char>>(
+      static_cast<size_t>(out.rows) * cols * elem);
+  for (int32_t r = 0; r < out.rows; ++r) {
+    unsigned char* dst = storage->data() + static_cast<size_t>(r) * cols * elem;
+    for (const LogitsView& shard : shards) {
+      std::memcpy(dst, shard.Row(r), static_cast<size_t>(shard.cols) * elem);
+      dst += static_cast<size_t>(shard.cols) * elem;
+    }
+  }
+  out.data = storage->data();
+  holder.owned.push_back(std::move(storage));
+  return out;
+}
+
+SamplingParams ParamsFromProto(const v1::SamplingParams& p) {
+  SamplingParams out;
+  if (p.has_temperature()) out.temperature = p.temperature();
+  if (p.has_top_p()) out.top_p = p.top_p();
+  if (p.has_top_k()) out.top_k = p.top_k();
+  if (p.has_min_p()) out.min_p = p.min_p();
+  if (p.has_repetition_penalty()) out.repetition_penalty = p.repetition_penalty();
+  if (p.has_presence_penalty()) out.presence_penalty = p.presence_penalty();
+  if (p.has_frequency_penalty()) out.frequency_penalty = p.frequency_penalty();
+  if (p.has_top_logprobs()) out.top_logprobs = p.top_logprobs();
+  if (p.has_seq_seed()) out.seq_seed = p.seq_seed();
+  return out;
+}
+
+template <typename T>
+std::vector<T> ToVector(const google::protobuf::RepeatedField<T>& field) {
+  return std::vector<T>(field.begin(), field.end());
+}
+
+// Converts one request; a fault of its draft tensors is returned, to fail this request only.
+absl::Status RequestFromProto(const v1::RequestInputs& in, const std::string& field,
+                              ConvertedStep& holder, LogitsSourceResolver* resolver,
+                              RequestInputs& out) {
+  out.request_id = in.request_id();
+  out.params = ParamsFromProto(in.params());
+  out.row = in.row();
+  out.first_row = in.first_row();
+  out.num_rows = in.num_rows();
+  out.rows = ToVector(in.rows());
+  out.draft_indices = ToVector(in.draft_indices());
+  out.sample_position = in.sample_position();
+  out.last_valid_offset = in.last_valid_offset();
+  out.draft_token_ids = ToVector(in.draft_token_ids());
+  out.golden_token_ids = ToVector(in.golden_token_ids());
+  out.allowed_token_masks.assign(in.allowed_token_masks().begin(), in.allowed_token_masks().end());
+  out.prompt_token_ids = ToVector(in.prompt_token_ids());
+  out.output_token_ids = ToVector(in.output_token_ids());
+  out.prompt_first_row = in.prompt_first_row();
+  out.prompt_targets = ToVector(in.prompt_targets());
+  if (in.has_draft_logprobs() && in.has_draft_topn()) {
+    return Invalid(field, "set draft_logprobs or draft_topn, not both");
+  }
+  if (in.has_draft_logprobs()) {
+    auto view = TensorView(in.draft_logprobs(), field + ".draft_logprobs", holder, resolver);
+    if (!view.ok()) return view.status();
+    out.drafts.form = DraftDistributions::Form::kDense;
+    out.drafts.values = *view;
+  } else if (in.has_draft_topn()) {
+    auto view = TensorView(in.draft_topn().values(), field + ".draft_topn.values", holder, resolver);
+    if (!view.ok()) return view.status();
+    out.drafts.form = DraftDistributions::Form::kTopN;
+    out.drafts.values = *view;
+    out.drafts.token_ids = ToVector(in.draft_topn().token_ids());
+  }
+  if (out.drafts.form != DraftDistributions::Form::kPool && out.drafts.values.on_device) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": draft distributions in device memory are not supported yet"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ConvertedStep>> StepFromProto(const v1::SampleRequest& request,
+                                                             LogitsSourceResolver* resolver) {
+  auto converted = std::make_unique<ConvertedStep>();
+  Step& step = converted->step;
+  const v1::SamplerInputs& inputs = request.inputs();
+  step.step_id = request.step_id();
+  switch (inputs.kind()) {
+    case v1::PREFILL:
+      step.kind = StepKind::kPrefill;
+      break;
+    case v1::DECODE:
+      step.kind = StepKind::kDecode;
+      break;
+    case v1::DRAFT:
+      step.kind = StepKind::kDraft;
+      break;
+    default:
+      return Invalid("inputs.kind", "required: PREFILL, DECODE or DRAFT");
+  }
+  step.vocab_size = inputs.vocab_size();
+  step.force_top_n = inputs.force_top_n();
+  step.compute_sum_smaller_probs = inputs.compute_sum_smaller_probs();
+  if (!request.has_logits()) return Invalid("logits", "required");
+  auto logits = TensorView(request.logits(), "logits", *converted, resolver);
+  if (!logits.ok()) return logits.status();
+  step.logits = *logits;
+  step.requests.resize(inputs.requests_size());
+  converted->request_faults.resize(inputs.requests_size());
+  for (int i = 0; i < inputs.requests_size(); ++i) {
+    converted->request_faults[i] =
+        RequestFromProto(inputs.requests(i), absl::StrCat("requests[", i, "]"), *converted,
+                         resolver, step.requests[i]);
+  }
+  return converted;
+}
+
+absl::StatusOr<StepPlan> PlanConvertedStep(const ConvertedStep& converted, const Limits& limits,
+                                           const SeedSource& seed_source) {
+  auto plan = PlanStep(converted.step, limits, seed_source);
+  if (!plan.ok()) return plan.status();
+  for (size_t i = 0; i < plan->requests.size(); ++i) {
+    if (!converted.request_faults[i].ok()) {
+      plan->requests[i].status = converted.request_faults[i];
+      plan->requests[i].sampled_rows.clear();
+    }
+  }
+  return plan;
+}
+
+void ResultToProto(const StepResult& result, v1::SampleResponse* response) {
+  response->set_step_id(result.step_id);
+  for (const RequestResult& r : result.results) {
+    v1::RequestResult* out = response->add_results();
+    out->set_request_id(r.request_id);
+    if (!r.status.ok()) {
+      // absl::StatusCode and gRPC's numeric codes coincide.
+      out->mutable_status()->set_code(static_cast<int32_t>(r.status.code()));
+      out->mutable_status()->set_message(std::string(r.status.message()));
+    }
+    out->set_seq_seed(r.seq_seed);
+    out->mutable_token_ids()->Add(r.token_ids.begin(), r.token_ids.end());
+    out->set_num_accepted(r.num_accepted);
+    out->mutable_logprobs()->Add(r.logprobs.begin(), r.logprobs.end());
+    for (const TopLogprobs& top : r.top_logprobs) {
+      v1::TopLogprobs* t = out->add_top_logprobs();
+      t->mutable_token_ids()->Add(top.token_ids.begin(), top.token_ids.end());
+      t->mutable_logprobs()->Add(top.logprobs.begin(), top.logprobs.end());
+    }
+    out->mutable_sum_smaller_probs()->Add(r.sum_smaller_probs.begin(), r.sum_smaller_probs.end());
+    out->mutable_prompt_logprobs()->Add(r.prompt_logprobs.begin(), r.prompt_logprobs.end());
+  }
+}
+
+}  // namespace samplerd

@@ -1,0 +1,65 @@
+// Conversion between the samplerd.v1 protos and the core's types: the only place where both
+// meet. A SampleRequest becomes a core Step whose logits views point into the request's own
+// bytes (inline sources) or into storage a LogitsSourceResolver leases (registered buffers,
+// CUDA IPC, NCCL); a StepResult becomes a SampleResponse.
+//
+//   ASSIGN_OR_RETURN(std::unique_ptr<ConvertedStep> converted,
+//                    StepFromProto(request, /*resolver=*/nullptr));
+//   ASSIGN_OR_RETURN(StepPlan plan, PlanConvertedStep(*converted, limits, seeds));
+//   ASSIGN_OR_RETURN(StepResult result, backend.Sample(plan));
+//   ResultToProto(result, &response);
+#ifndef SAMPLERD_SERVER_PROTO_CONVERT_H_
+#define SAMPLERD_SERVER_PROTO_CONVERT_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "samplerd/v1/sampler.pb.h"
+#include "sampler/types.h"
+#include "sampler/validate.h"
+
+namespace samplerd {
+
+// Resolves the non-inline sources of a Tensor (buffer, cuda_ipc, nccl). Implemented by the
+// server's buffer registry; absent in `samplerctl run-local`.
+class LogitsSourceResolver {
+ public:
+  virtual ~LogitsSourceResolver() = default;
+  // Returns a pointer to `byte_extent` readable bytes of the source, and `lease`, which keeps
+  // them valid until released. Errors name `field` (NOT_FOUND for an unknown buffer,
+  // INVALID_ARGUMENT for a slice past its end, FAILED_PRECONDITION for a source this backend
+  // cannot read).
+  virtual absl::StatusOr<const void*> Resolve(const v1::Tensor& tensor, int64_t byte_extent,
+                                              const std::string& field, bool* on_device,
+                                              std::shared_ptr<const void>* lease) = 0;
+};
+
+// A Step converted from a SampleRequest, with everything its views point into.
+struct ConvertedStep {
+  Step step;
+  // Faults of single requests found while converting (e.g. a malformed draft tensor): OK, or
+  // the status that request is answered with. One per request.
+  std::vector<absl::Status> request_faults;
+  std::vector<std::unique_ptr<std::vector<unsigned char>>> owned;  // e.g. concatenated shards
+  std::vector<std::shared_ptr<const void>> leases;                  // registered regions in use
+};
+
+// Converts `request`, which must outlive the result (inline bytes are borrowed, not copied).
+// Errors (the whole step): INVALID_ARGUMENT for a malformed logits tensor or step kind;
+// NOT_FOUND / FAILED_PRECONDITION from the resolver; FAILED_PRECONDITION for a non-inline
+// source when `resolver` is null. Messages name the field.
+absl::StatusOr<std::unique_ptr<ConvertedStep>> StepFromProto(const v1::SampleRequest& request,
+                                                             LogitsSourceResolver* resolver);
+
+// PlanStep, then the conversion's per-request faults applied to the plan.
+absl::StatusOr<StepPlan> PlanConvertedStep(const ConvertedStep& converted, const Limits& limits,
+                                           const SeedSource& seed_source);
+
+// Fills `response` (step_id and results; timing is the caller's).
+void ResultToProto(const StepResult& result, v1::SampleResponse* response);
+
+}  // namespace samplerd
+
+#endif  // SAMPLERD_SERVER_PROTO_CONVERT_H_
