@@ -87,9 +87,10 @@ absl::StatusOr<std::string> RunLocalJson(const std::string& json, const RunLocal
   for (int i = 0; i < responses.steps_size(); ++i) {
     std::string one;
     google::protobuf::util::MessageToJsonString(responses.steps(i), &one, print);
-    absl::StrAppend(&out, one, i + 1 < responses.steps_size() ? ",\n" : "\n");
+    absl::StrAppend(&out, absl::StripTrailingAsciiWhitespace(one),
+                    i + 1 < responses.steps_size() ? ",\n" : "\n");
   }
-  out += "]\n";
+  out += "]";
   return out;
 }
 
