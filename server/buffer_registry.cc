@@ -1,0 +1,123 @@
+#include "server/buffer_registry.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "server/cuda_ipc_handle.h"
+
+namespace samplerd {
+
+absl::Status BufferRegistry::Register(const v1::RegisterBufferRequest& request) {
+  if (request.name().empty()) return absl::InvalidArgumentError("name: required");
+  if (request.byte_size() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("byte_size: ", request.byte_size(), " must be > 0"));
+  }
+  auto region = std::make_shared<Region>();
+  region->info.set_name(request.name());
+  region->info.set_kind(request.kind());
+  region->info.set_byte_size(request.byte_size());
+  region->info.set_device_id(request.device_id());
+  switch (request.kind()) {
+    case v1::HOST_SHM: {
+      auto shm = ShmRegion::Open(request.shm_name(), request.byte_size());
+      if (!shm.ok()) return shm.status();
+      region->shm = std::move(*shm);
+      region->info.set_shm_name(request.shm_name());
+      break;
+    }
+    case v1::CUDA_IPC: {
+      auto handle = ParseCudaIpcHandle(request.cuda_ipc_handle(), "cuda_ipc_handle");
+      if (!handle.ok()) return handle.status();
+      return absl::FailedPreconditionError(
+          "kind: CUDA_IPC regions need the CUDA backend; this server runs the cpu backend "
+          "(use HOST_SHM or inline logits)");
+    }
+    default:
+      return absl::InvalidArgumentError("kind: required: HOST_SHM or CUDA_IPC");
+  }
+  absl::MutexLock lock(&mu_);
+  if (regions_.contains(request.name())) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("name: a buffer named '", request.name(), "' is already registered"));
+  }
+  if (static_cast<int>(regions_.size()) >= max_buffers_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("name: ", max_buffers_, " buffers are registered, the server's limit"));
+  }
+  regions_.emplace(request.name(), std::move(region));
+  return absl::OkStatus();
+}
+
+absl::Status BufferRegistry::Unregister(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  if (regions_.erase(name) == 0) {
+    return absl::NotFoundError(absl::StrCat("name: no buffer named '", name, "'"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<v1::BufferInfo> BufferRegistry::List() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::BufferInfo> out;
+  for (const auto& [name, region] : regions_) {
+    v1::BufferInfo info = region->info;
+    info.set_in_use(static_cast<int32_t>(region.use_count() - 1));  // leases held by steps
+    out.push_back(std::move(info));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const v1::BufferInfo& a, const v1::BufferInfo& b) { return a.name() < b.name(); });
+  return out;
+}
+
+int BufferRegistry::Size() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(regions_.size());
+}
+
+absl::StatusOr<const void*> BufferRegistry::Resolve(const v1::Tensor& tensor, int64_t byte_extent,
+                                                    const std::string& field, bool* on_device,
+                                                    std::shared_ptr<const void>* lease) {
+  switch (tensor.source_case()) {
+    case v1::Tensor::kBuffer: {
+      const v1::BufferSlice& slice = tensor.buffer();
+      std::shared_ptr<const Region> region;
+      {
+        absl::MutexLock lock(&mu_);
+        auto it = regions_.find(slice.name());
+        if (it == regions_.end()) {
+          return absl::NotFoundError(
+              absl::StrCat(field, ".buffer.name: no buffer named '", slice.name(), "'"));
+        }
+        region = it->second;
+      }
+      const int64_t size = region->info.byte_size();
+      if (slice.byte_offset() < 0 || slice.byte_offset() > size ||
+          byte_extent > size - slice.byte_offset()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".buffer.byte_offset: the slice [", slice.byte_offset(), ", ",
+            slice.byte_offset() + byte_extent, ") exceeds buffer '", slice.name(), "' of ", size,
+            " bytes"));
+      }
+      *on_device = false;
+      const void* data = static_cast<const char*>(region->shm->data()) + slice.byte_offset();
+      *lease = region;
+      return data;
+    }
+    case v1::Tensor::kCudaIpc: {
+      auto handle = ParseCudaIpcHandle(tensor.cuda_ipc().handle(), field + ".cuda_ipc.handle");
+      if (!handle.ok()) return handle.status();
+      return absl::FailedPreconditionError(
+          absl::StrCat(field, ".cuda_ipc: CUDA IPC logits need the CUDA backend; this server "
+                              "runs the cpu backend"));
+    }
+    case v1::Tensor::kNccl:
+      return absl::FailedPreconditionError(absl::StrCat(
+          field, ".nccl: NCCL logits need a context-parallel group, which this server does not "
+                 "support yet"));
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(field, ": not a registered-buffer source"));
+  }
+}
+
+}  // namespace samplerd

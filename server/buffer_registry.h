@@ -1,0 +1,59 @@
+// Named regions that steps read logits from: POSIX shared memory (HOST_SHM) now, CUDA IPC
+// regions with the CUDA backend. Also the server's LogitsSourceResolver: every slice is checked
+// against the region's byte_size before any read, and a step holds a lease on the region so
+// that UnregisterBuffer never unmaps memory a step is reading.
+//
+//   BufferRegistry registry(/*cuda_available=*/false);
+//   RETURN_IF_ERROR(registry.Register(request));
+//   ASSIGN_OR_RETURN(auto converted, StepFromProto(sample_request, &registry));
+#ifndef SAMPLERD_SERVER_BUFFER_REGISTRY_H_
+#define SAMPLERD_SERVER_BUFFER_REGISTRY_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "samplerd/v1/sampler.pb.h"
+#include "server/proto_convert.h"
+#include "server/shm_region.h"
+
+namespace samplerd {
+
+class BufferRegistry final : public LogitsSourceResolver {
+ public:
+  // Limits the number of registered regions (RESOURCE_EXHAUSTED beyond it).
+  explicit BufferRegistry(int max_buffers = 1024) : max_buffers_(max_buffers) {}
+  BufferRegistry(const BufferRegistry&) = delete;
+  BufferRegistry& operator=(const BufferRegistry&) = delete;
+
+  // Errors: INVALID_ARGUMENT (empty name, bad kind, bad handle or size), ALREADY_EXISTS,
+  // NOT_FOUND (no such shm object), FAILED_PRECONDITION (object too small; CUDA_IPC without
+  // the CUDA backend), RESOURCE_EXHAUSTED (too many regions).
+  absl::Status Register(const v1::RegisterBufferRequest& request);
+  // Removes `name`; its memory stays mapped until the last step reading it finishes.
+  // NOT_FOUND for an unknown name.
+  absl::Status Unregister(const std::string& name);
+  std::vector<v1::BufferInfo> List() const;
+  int Size() const;
+
+  absl::StatusOr<const void*> Resolve(const v1::Tensor& tensor, int64_t byte_extent,
+                                      const std::string& field, bool* on_device,
+                                      std::shared_ptr<const void>* lease) override;
+
+ private:
+  struct Region {
+    v1::BufferInfo info;
+    std::unique_ptr<ShmRegion> shm;
+  };
+
+  const int max_buffers_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<const Region>> regions_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace samplerd
+
+#endif  // SAMPLERD_SERVER_BUFFER_REGISTRY_H_

@@ -1,0 +1,173 @@
+// samplerd: the sampling server. See README.md; `samplerd --help` lists the flags.
+//
+//   samplerd                                   # CPU backend on 127.0.0.1:50051
+//   samplerd --listen=0.0.0.0:50051 --metrics_address=0.0.0.0:9464
+//
+// SIGTERM or SIGINT drains: health turns NOT_SERVING, new steps are refused, accepted steps
+// are answered, and the process exits 0 within --shutdown_deadline_ms.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "sampler/cpu_backend.h"
+#include "server/buffer_registry.h"
+#include "server/metrics.h"
+#include "server/sampler_service.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "gRPC listen address host:port (port 0 picks a free port); empty = TCP off");
+ABSL_FLAG(std::string, unix_socket, "", "also listen on this Unix-domain socket path");
+ABSL_FLAG(std::string, backend, "auto", "auto | cpu | cuda (auto: CUDA when a GPU is usable)");
+ABSL_FLAG(int, threads, 0, "CPU backend worker threads (0 = all cores)");
+ABSL_FLAG(int64_t, max_message_bytes, 256LL << 20,
+          "largest gRPC message accepted; 256 MiB fits inline fp32 logits of 384 x 129,280");
+ABSL_FLAG(int, max_rows, 1 << 20, "most logits rows in one step");
+ABSL_FLAG(int, max_vocab_size, 1 << 22, "largest vocab_size / logits cols");
+ABSL_FLAG(int, max_top_logprobs, 64, "largest top_logprobs a request may ask for (>= 20)");
+ABSL_FLAG(int, max_force_top_n, 16384, "largest force_top_n");
+ABSL_FLAG(int, max_queued_steps, 64,
+          "steps admitted at once; further steps get RESOURCE_EXHAUSTED at once");
+ABSL_FLAG(int64_t, draft_pool_elements, 325LL * 129280,
+          "draft pool capacity in elements (a dense row costs V, a top-N row 2N)");
+ABSL_FLAG(std::string, metrics_address, "",
+          "serve Prometheus /metrics on host:port (empty = off)");
+ABSL_FLAG(int, shutdown_grace_ms, 0,
+          "on SIGTERM, report NOT_SERVING this long before refusing new steps");
+ABSL_FLAG(int, shutdown_deadline_ms, 10000, "then answer accepted steps for at most this long");
+ABSL_FLAG(std::string, port_file, "", "write the bound TCP port to this file once serving");
+ABSL_FLAG(std::string, log_level, "info", "trace | debug | info | warn | error");
+
+namespace samplerd {
+namespace {
+
+constexpr char kServiceName[] = "samplerd.v1.Sampler";
+
+int Serve() {
+  spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+  const std::string backend_flag = absl::GetFlag(FLAGS_backend);
+  if (backend_flag != "auto" && backend_flag != "cpu" && backend_flag != "cuda") {
+    spdlog::error("--backend={}: expected auto, cpu or cuda", backend_flag);
+    return 2;
+  }
+  if (backend_flag == "cuda") {
+    spdlog::error("--backend=cuda: this samplerd is built without the CUDA backend");
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_max_top_logprobs) < 20) {
+    spdlog::error("--max_top_logprobs must be at least 20");
+    return 2;
+  }
+  CpuBackendOptions cpu_options;
+  cpu_options.num_threads = absl::GetFlag(FLAGS_threads);
+  cpu_options.draft_pool.capacity_elements = absl::GetFlag(FLAGS_draft_pool_elements);
+  auto backend = CpuBackend::Create(cpu_options);
+  if (!backend.ok()) {
+    spdlog::error("backend: {}", backend.status().ToString());
+    return 2;
+  }
+  auto metrics = Metrics::Create(absl::GetFlag(FLAGS_metrics_address));
+  if (!metrics.ok()) {
+    spdlog::error("{}", metrics.status().ToString());
+    return 2;
+  }
+  BufferRegistry registry;
+  ServiceOptions options;
+  options.limits.max_rows = absl::GetFlag(FLAGS_max_rows);
+  options.limits.max_vocab_size = absl::GetFlag(FLAGS_max_vocab_size);
+  options.limits.max_top_logprobs = absl::GetFlag(FLAGS_max_top_logprobs);
+  options.limits.max_force_top_n = absl::GetFlag(FLAGS_max_force_top_n);
+  options.max_queued_steps = absl::GetFlag(FLAGS_max_queued_steps);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  SamplerService service(**backend, registry, **metrics, options, RandomSeedSource());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const int max_bytes = static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX));
+  builder.SetMaxReceiveMessageSize(max_bytes);
+  builder.SetMaxSendMessageSize(max_bytes);
+  int port = 0;
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  if (!listen.empty()) builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  const std::string unix_socket = absl::GetFlag(FLAGS_unix_socket);
+  if (!unix_socket.empty()) {
+    builder.AddListeningPort("unix:" + unix_socket, grpc::InsecureServerCredentials());
+  }
+  if (listen.empty() && unix_socket.empty()) {
+    spdlog::error("nothing to listen on: set --listen or --unix_socket");
+    return 2;
+  }
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || (!listen.empty() && port == 0)) {
+    spdlog::error("cannot listen on {}", listen.empty() ? unix_socket : listen);
+    return 1;
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  health->SetServingStatus(true);
+  health->SetServingStatus(kServiceName, true);
+  const BackendInfo info = (*backend)->Info();
+  spdlog::info("samplerd {} serving on {}{} (port {}), backend {} ({}), metrics {}",
+               options.version, listen, unix_socket.empty() ? "" : " and unix:" + unix_socket,
+               port, info.name, info.device,
+               (*metrics)->port() ? absl::StrCat("on port ", (*metrics)->port()) : "off");
+  spdlog::info("limits: max_rows {} max_vocab_size {} max_top_logprobs {} max_message_bytes {} "
+               "max_queued_steps {}",
+               options.limits.max_rows, options.limits.max_vocab_size,
+               options.limits.max_top_logprobs, options.max_message_bytes,
+               options.max_queued_steps);
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    // Written whole under a temporary name, then renamed, so readers never see a partial file.
+    const std::string tmp = port_file + ".tmp";
+    std::ofstream(tmp) << port << "\n";
+    std::rename(tmp.c_str(), port_file.c_str());
+  }
+
+  // Signals were blocked before any thread started; this thread alone waits for them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  spdlog::info("received {}: draining", signal_number == SIGTERM ? "SIGTERM" : "SIGINT");
+  health->SetServingStatus(false);
+  health->SetServingStatus(kServiceName, false);
+  std::this_thread::sleep_for(std::chrono::milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
+  service.StartDraining();
+  server->Shutdown(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(absl::GetFlag(FLAGS_shutdown_deadline_ms)));
+  server->Wait();
+  spdlog::info("samplerd stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace samplerd
+
+int main(int argc, char** argv) {
+  // Block SIGTERM/SIGINT before gRPC starts its threads, so they inherit the mask and the
+  // main thread receives them with sigwait.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  absl::SetProgramUsageMessage("samplerd: the samplerd sampling server");
+  absl::ParseCommandLine(argc, argv);
+  return samplerd::Serve();
+}

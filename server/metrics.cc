@@ -1,0 +1,90 @@
+#include "server/metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+
+namespace samplerd {
+namespace {
+
+int KindIndex(StepKind kind) { return static_cast<int>(kind); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& address) {
+  std::unique_ptr<Metrics> metrics(new Metrics());
+  metrics->registry_ = std::make_shared<prometheus::Registry>();
+  prometheus::Registry& registry = *metrics->registry_;
+  auto& seconds = prometheus::BuildHistogram()
+                      .Name("samplerd_step_seconds")
+                      .Help("Time from receiving a step to its answer, by step kind")
+                      .Register(registry);
+  auto& rows = prometheus::BuildCounter()
+                   .Name("samplerd_rows_total")
+                   .Help("Logits rows sampled, by step kind")
+                   .Register(registry);
+  auto& requests = prometheus::BuildCounter()
+                       .Name("samplerd_requests_total")
+                       .Help("Requests answered, by step kind")
+                       .Register(registry);
+  const prometheus::Histogram::BucketBoundaries buckets = {
+      50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1.0};
+  for (StepKind kind : {StepKind::kPrefill, StepKind::kDecode, StepKind::kDraft}) {
+    const prometheus::Labels labels = {{"kind", StepKindName(kind)}};
+    metrics->step_seconds_[KindIndex(kind)] = &seconds.Add(labels, buckets);
+    metrics->rows_[KindIndex(kind)] = &rows.Add(labels);
+    metrics->requests_[KindIndex(kind)] = &requests.Add(labels);
+  }
+  metrics->errors_ = &prometheus::BuildCounter()
+                          .Name("samplerd_errors_total")
+                          .Help("Failed steps and failed requests, by gRPC status code")
+                          .Register(registry);
+  metrics->in_flight_ = &prometheus::BuildGauge()
+                             .Name("samplerd_steps_in_flight")
+                             .Help("Steps received and not yet answered")
+                             .Register(registry)
+                             .Add({});
+  metrics->buffers_ = &prometheus::BuildGauge()
+                           .Name("samplerd_registered_buffers")
+                           .Help("Registered logits regions")
+                           .Register(registry)
+                           .Add({});
+  if (!address.empty()) {
+    try {
+      metrics->exposer_ = std::make_unique<prometheus::Exposer>(address);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("metrics_address: cannot serve metrics on ", address, ": ", e.what()));
+    }
+    metrics->exposer_->RegisterCollectable(metrics->registry_);
+    const std::vector<int> ports = metrics->exposer_->GetListeningPorts();
+    metrics->port_ = ports.empty() ? 0 : ports[0];
+  }
+  return metrics;
+}
+
+Metrics::~Metrics() = default;
+
+void Metrics::ObserveStep(StepKind kind, double seconds, int64_t rows, int64_t requests) {
+  step_seconds_[KindIndex(kind)]->Observe(seconds);
+  rows_[KindIndex(kind)]->Increment(static_cast<double>(rows));
+  requests_[KindIndex(kind)]->Increment(static_cast<double>(requests));
+}
+
+void Metrics::CountError(absl::StatusCode code) {
+  absl::MutexLock lock(&mu_);
+  errors_->Add({{"code", absl::StatusCodeToString(code)}}).Increment();
+}
+
+void Metrics::AddInFlight(double delta) { in_flight_->Increment(delta); }
+
+void Metrics::SetRegisteredBuffers(int count) { buffers_->Set(count); }
+
+}  // namespace samplerd

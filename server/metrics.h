@@ -1,0 +1,67 @@
+// Prometheus metrics of samplerd, served over HTTP on their own address (prometheus-cpp).
+//
+//   ASSIGN_OR_RETURN(std::unique_ptr<Metrics> metrics, Metrics::Create("127.0.0.1:9464"));
+//   metrics->ObserveStep(StepKind::kDecode, seconds, rows, requests);
+//
+// Families: samplerd_step_seconds{kind} (histogram), samplerd_rows_total{kind},
+// samplerd_requests_total{kind}, samplerd_errors_total{code} (step and request faults),
+// samplerd_steps_in_flight, samplerd_registered_buffers. Thread-safe.
+#ifndef SAMPLERD_SERVER_METRICS_H_
+#define SAMPLERD_SERVER_METRICS_H_
+
+#include <array>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "sampler/types.h"
+
+namespace prometheus {
+class Counter;
+class Exposer;
+class Gauge;
+class Histogram;
+class Registry;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
+namespace samplerd {
+
+class Metrics final {
+ public:
+  // `address` "host:port" (port 0 picks one) serves /metrics; empty serves nothing (the
+  // counters still count). Errors: UNAVAILABLE when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const std::string& address);
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  void ObserveStep(StepKind kind, double seconds, int64_t rows, int64_t requests);
+  void CountError(absl::StatusCode code);
+  void AddInFlight(double delta);
+  void SetRegisteredBuffers(int count);
+  // The bound HTTP port, or 0 when not serving.
+  int port() const { return port_; }
+
+ private:
+  Metrics() = default;
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+  std::array<prometheus::Histogram*, 3> step_seconds_{};
+  std::array<prometheus::Counter*, 3> rows_{};
+  std::array<prometheus::Counter*, 3> requests_{};
+  prometheus::Family<prometheus::Counter>* errors_ = nullptr;
+  prometheus::Gauge* in_flight_ = nullptr;
+  prometheus::Gauge* buffers_ = nullptr;
+  absl::Mutex mu_;  // guards adding labelled children to errors_
+};
+
+}  // namespace samplerd
+
+#endif  // SAMPLERD_SERVER_METRICS_H_

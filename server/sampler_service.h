@@ -1,0 +1,80 @@
+// The samplerd.v1.Sampler gRPC service: converts each call, runs the core, converts back.
+//
+//   SamplerService service(backend, registry, metrics, options);
+//   builder.RegisterService(&service);
+//   ...
+//   service.StartDraining();  // on SIGTERM: new steps are refused, accepted ones answered
+//
+// Steps are admitted up to options.max_queued_steps at a time; beyond that a call is answered
+// RESOURCE_EXHAUSTED at once, so the backend's queue never holds gRPC threads without bound.
+#ifndef SAMPLERD_SERVER_SAMPLER_SERVICE_H_
+#define SAMPLERD_SERVER_SAMPLER_SERVICE_H_
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "samplerd/v1/sampler.grpc.pb.h"
+#include "sampler/backend.h"
+#include "sampler/validate.h"
+#include "server/buffer_registry.h"
+#include "server/metrics.h"
+
+namespace samplerd {
+
+struct ServiceOptions {
+  Limits limits;
+  int max_queued_steps = 64;            // steps admitted at once (waiting or computing)
+  int64_t max_message_bytes = 64 << 20; // reported by GetServerInfo
+  std::string version = "0.1.0";
+};
+
+class SamplerService final : public v1::Sampler::Service {
+ public:
+  // Borrows everything; all must outlive the service.
+  SamplerService(Backend& backend, BufferRegistry& registry, Metrics& metrics,
+                 const ServiceOptions& options, SeedSource seed_source);
+
+  grpc::Status Sample(grpc::ServerContext* context, const v1::SampleRequest* request,
+                      v1::SampleResponse* response) override;
+  grpc::Status SampleStream(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::SampleResponse, v1::SampleRequest>* stream) override;
+  grpc::Status RegisterBuffer(grpc::ServerContext* context, const v1::RegisterBufferRequest* request,
+                              v1::RegisterBufferResponse* response) override;
+  grpc::Status UnregisterBuffer(grpc::ServerContext* context,
+                                const v1::UnregisterBufferRequest* request,
+                                v1::UnregisterBufferResponse* response) override;
+  grpc::Status ListBuffers(grpc::ServerContext* context, const v1::ListBuffersRequest* request,
+                           v1::ListBuffersResponse* response) override;
+  grpc::Status CreateGroup(grpc::ServerContext* context, const v1::CreateGroupRequest* request,
+                           v1::CreateGroupResponse* response) override;
+  grpc::Status DestroyGroup(grpc::ServerContext* context, const v1::DestroyGroupRequest* request,
+                            v1::DestroyGroupResponse* response) override;
+  grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
+                             v1::GetServerInfoResponse* response) override;
+
+  // From now on steps are refused with UNAVAILABLE; steps already admitted are answered.
+  void StartDraining() { draining_.store(true); }
+
+ private:
+  // One step, start to finish. Step-level faults are the returned status.
+  absl::Status RunStep(const v1::SampleRequest& request, v1::SampleResponse* response);
+
+  // Constant after construction.
+  Backend& backend_;
+  BufferRegistry& registry_;
+  Metrics& metrics_;
+  const ServiceOptions options_;
+  const SeedSource seed_source_;
+
+  std::atomic<bool> draining_{false};
+  std::atomic<int> admitted_{0};
+  // Steps reach the backend one at a time, so the wait for it is measurable (queue_us).
+  absl::Mutex backend_mu_;
+};
+
+}  // namespace samplerd
+
+#endif  // SAMPLERD_SERVER_SAMPLER_SERVICE_H_
