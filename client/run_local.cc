@@ -10,9 +10,7 @@
 #include "server/proto_convert.h"
 
 namespace samplerd {
-namespace {
-
-absl::StatusOr<v1::SampleRequestList> ParseSteps(const std::string& json, bool* single) {
+absl::StatusOr<v1::SampleRequestList> ParseStepsJson(const std::string& json, bool* single) {
   const absl::string_view text = absl::StripAsciiWhitespace(json);
   google::protobuf::util::JsonParseOptions parse;
   v1::SampleRequestList list;
@@ -35,11 +33,9 @@ absl::StatusOr<v1::SampleRequestList> ParseSteps(const std::string& json, bool* 
   return list;
 }
 
-}  // namespace
-
 absl::StatusOr<std::string> RunLocalJson(const std::string& json, const RunLocalOptions& options) {
   bool single = false;
-  auto steps = ParseSteps(json, &single);
+  auto steps = ParseStepsJson(json, &single);
   if (!steps.ok()) return steps.status();
   CpuBackendOptions backend_options;
   backend_options.num_threads = options.num_threads;

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "samplerd/v1/sampler.pb.h"
 
 namespace samplerd {
 
@@ -21,6 +22,10 @@ struct RunLocalOptions {
   int num_threads = 0;           // CPU backend workers; 0 = all cores
   int32_t max_top_logprobs = 64; // the server's default limit
 };
+
+// Parses FILE's text: one SampleRequest (`single` set), a JSON array, or {"steps": [...]}.
+// Errors: INVALID_ARGUMENT with the parser's message.
+absl::StatusOr<v1::SampleRequestList> ParseStepsJson(const std::string& json, bool* single);
 
 // Errors: INVALID_ARGUMENT for JSON that does not parse as the messages above (the parser's
 // message says where), or for a step that fails as a whole (the message names the field and

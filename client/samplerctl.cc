@@ -1,82 +1,225 @@
 // samplerctl: the samplerd command-line tool.
 //
-//   samplerctl run-local FILE [--threads=N]   run FILE's SampleRequest JSON in-process (CPU
-//                                             backend) and print the SampleResponse JSON
+//   samplerctl run-local FILE [--threads=N]       FILE's steps through the CPU backend in-process
+//   samplerctl sample --target=ADDR FILE [--stream]  FILE's steps through a running samplerd
+//   samplerctl info --target=ADDR                  GetServerInfo, as JSON
+//   samplerctl health --target=ADDR [--service=S]  grpc.health.v1 Check: prints SERVING or
+//                                                  NOT_SERVING, exits 0 only when SERVING
+//   samplerctl bench --target=ADDR [--streams=1] [--rows=16] [--vocab=129280] [--steps=200]
+//                    [--source=inline|shm] [--mode=unary|stream]
 //
-// FILE may be "-" for standard input. Exit status: 0 on success, 2 for bad usage, 1 for an
-// unreadable file, bad JSON or a failed step (the reason goes to stderr).
-#include <cstdio>
+// FILE holds protobuf JSON (one SampleRequest, a JSON array, or {"steps": [...]}); "-" reads
+// standard input. Exit status: 0 on success, 2 for bad usage, 1 otherwise (reason on stderr).
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <sstream>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "client/load_generator.h"
 #include "client/run_local.h"
+#include "client/sampler_client.h"
+#include "google/protobuf/util/json_util.h"
 
+namespace samplerd {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: samplerctl run-local FILE [--threads=N]\n"
-    "  run-local  run SampleRequest JSON (one object, an array, or {\"steps\": [...]}) through\n"
-    "             the CPU backend in-process; print the SampleResponse JSON\n";
+    "usage: samplerctl COMMAND ...\n"
+    "  run-local FILE [--threads=N]        run steps in-process on the CPU backend\n"
+    "  sample --target=ADDR FILE [--stream] run steps on a samplerd (unary, or one stream)\n"
+    "  info --target=ADDR                  server info as JSON\n"
+    "  health --target=ADDR [--service=S]  SERVING / NOT_SERVING (exit 0 only when serving)\n"
+    "  bench --target=ADDR [--streams=1] [--rows=16] [--vocab=129280] [--steps=200]\n"
+    "        [--source=inline|shm] [--mode=unary|stream]\n"
+    "FILE: protobuf JSON, one SampleRequest, an array, or {\"steps\": [...]}; - = stdin\n";
 
-int RunLocal(int argc, char** argv) {
-  std::string path;
-  samplerd::RunLocalOptions options;
+// --name=value flags and positional arguments of one command.
+struct Args {
+  std::map<std::string, std::string> flags;
+  std::vector<std::string> positional;
+  bool Has(const std::string& name) const { return flags.count(name) > 0; }
+  std::string Get(const std::string& name, const std::string& fallback = "") const {
+    auto it = flags.find(name);
+    return it == flags.end() ? fallback : it->second;
+  }
+};
+
+Args ParseArgs(int argc, char** argv) {
+  Args args;
   for (int i = 2; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (absl::StartsWith(arg, "--threads=")) {
-      if (!absl::SimpleAtoi(arg.substr(10), &options.num_threads) || options.num_threads < 0) {
-        std::cerr << "samplerctl: --threads needs a number >= 0\n";
-        return 2;
-      }
-    } else if (path.empty()) {
-      path = arg;
+    if (absl::StartsWith(arg, "--")) {
+      const size_t eq = arg.find('=');
+      args.flags[arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2)] =
+          eq == std::string::npos ? "" : arg.substr(eq + 1);
     } else {
-      std::cerr << kUsage;
-      return 2;
+      args.positional.push_back(arg);
     }
   }
-  if (path.empty()) {
-    std::cerr << kUsage;
-    return 2;
-  }
-  std::stringstream text;
+  return args;
+}
+
+bool IntFlag(const Args& args, const std::string& name, int* value) {
+  if (!args.Has(name)) return true;
+  if (absl::SimpleAtoi(args.Get(name), value) && *value >= 0) return true;
+  std::cerr << "samplerctl: --" << name << " needs a number >= 0\n";
+  return false;
+}
+
+bool ReadInput(const std::string& path, std::string* text) {
+  std::stringstream buffer;
   if (path == "-") {
-    text << std::cin.rdbuf();
+    buffer << std::cin.rdbuf();
   } else {
     std::ifstream file(path);
     if (!file) {
       std::cerr << "samplerctl: cannot read " << path << "\n";
-      return 1;
+      return false;
     }
-    text << file.rdbuf();
+    buffer << file.rdbuf();
   }
-  auto out = samplerd::RunLocalJson(text.str(), options);
+  *text = buffer.str();
+  return true;
+}
+
+std::string ToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions print;
+  print.add_whitespace = true;
+  std::string out;
+  google::protobuf::util::MessageToJsonString(message, &out, print);
+  return out;
+}
+
+int Fail(const absl::Status& status) {
+  std::cerr << "samplerctl: " << status.ToString() << "\n";
+  return 1;
+}
+
+std::unique_ptr<SamplerClient> ConnectOrNull(const Args& args) {
+  if (!args.Has("target")) {
+    std::cerr << "samplerctl: --target=ADDR is required\n";
+    return nullptr;
+  }
+  auto client = SamplerClient::Connect(args.Get("target"));
+  if (!client.ok()) {
+    Fail(client.status());
+    return nullptr;
+  }
+  return std::move(*client);
+}
+
+int RunLocal(const Args& args) {
+  RunLocalOptions options;
+  if (args.positional.size() != 1 || !IntFlag(args, "threads", &options.num_threads)) {
+    std::cerr << kUsage;
+    return 2;
+  }
+  std::string text;
+  if (!ReadInput(args.positional[0], &text)) return 1;
+  auto out = RunLocalJson(text, options);
   if (!out.ok()) {
     std::cerr << "samplerctl: " << out.status().message() << "\n";
     return 1;
   }
-  std::cout << *out;
-  if (!out->empty() && out->back() != '\n') std::cout << "\n";
+  std::cout << *out << (absl::EndsWith(*out, "\n") ? "" : "\n");
+  return 0;
+}
+
+int Sample(const Args& args) {
+  if (args.positional.size() != 1) {
+    std::cerr << kUsage;
+    return 2;
+  }
+  auto client = ConnectOrNull(args);
+  if (!client) return 2;
+  std::string text;
+  if (!ReadInput(args.positional[0], &text)) return 1;
+  bool single = false;
+  auto steps = ParseStepsJson(text, &single);
+  if (!steps.ok()) return Fail(steps.status());
+  std::unique_ptr<SamplerClient::StepStream> stream;
+  if (args.Has("stream")) {
+    auto opened = client->OpenStream();
+    if (!opened.ok()) return Fail(opened.status());
+    stream = std::move(*opened);
+  }
+  if (!single) std::cout << "[\n";
+  for (int i = 0; i < steps->steps_size(); ++i) {
+    auto response = stream ? stream->Step(steps->steps(i)) : client->Sample(steps->steps(i));
+    if (!response.ok()) return Fail(response.status());
+    std::string json = ToJson(*response);
+    while (!json.empty() && json.back() == '\n') json.pop_back();
+    std::cout << json << (single ? "\n" : (i + 1 < steps->steps_size() ? ",\n" : "\n"));
+  }
+  if (!single) std::cout << "]\n";
+  if (stream) {
+    if (absl::Status closed = stream->Close(); !closed.ok()) return Fail(closed);
+  }
+  return 0;
+}
+
+int Info(const Args& args) {
+  auto client = ConnectOrNull(args);
+  if (!client) return 2;
+  auto info = client->GetServerInfo();
+  if (!info.ok()) return Fail(info.status());
+  std::cout << ToJson(*info);
+  return 0;
+}
+
+int Health(const Args& args) {
+  auto client = ConnectOrNull(args);
+  if (!client) return 2;
+  auto serving = client->IsServing(args.Get("service"));
+  if (!serving.ok()) return Fail(serving.status());
+  std::cout << (*serving ? "SERVING" : "NOT_SERVING") << "\n";
+  return *serving ? 0 : 1;
+}
+
+int Bench(const Args& args) {
+  LoadOptions options;
+  options.target = args.Get("target", options.target);
+  if (!IntFlag(args, "streams", &options.streams) || !IntFlag(args, "rows", &options.rows) ||
+      !IntFlag(args, "vocab", &options.vocab) || !IntFlag(args, "steps", &options.steps) ||
+      !IntFlag(args, "warmup", &options.warmup)) {
+    return 2;
+  }
+  const std::string source = args.Get("source", "inline");
+  const std::string mode = args.Get("mode", "unary");
+  if ((source != "inline" && source != "shm") || (mode != "unary" && mode != "stream")) {
+    std::cerr << "samplerctl: --source=inline|shm, --mode=unary|stream\n";
+    return 2;
+  }
+  options.shm = source == "shm";
+  options.streaming = mode == "stream";
+  auto report = RunLoad(options);
+  if (!report.ok()) return Fail(report.status());
+  std::cout << FormatReport(options, *report);
   return 0;
 }
 
 }  // namespace
+}  // namespace samplerd
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::cerr << kUsage;
+    std::cerr << samplerd::kUsage;
     return 2;
   }
   const std::string command = argv[1];
-  if (command == "run-local") return RunLocal(argc, argv);
+  const samplerd::Args args = samplerd::ParseArgs(argc, argv);
+  if (command == "run-local") return samplerd::RunLocal(args);
+  if (command == "sample") return samplerd::Sample(args);
+  if (command == "info") return samplerd::Info(args);
+  if (command == "health") return samplerd::Health(args);
+  if (command == "bench") return samplerd::Bench(args);
   if (command == "help" || command == "--help" || command == "-h") {
-    std::cout << kUsage;
+    std::cout << samplerd::kUsage;
     return 0;
   }
-  std::cerr << "samplerctl: unknown command '" << command << "'\n" << kUsage;
+  std::cerr << "samplerctl: unknown command '" << command << "'\n" << samplerd::kUsage;
   return 2;
 }

@@ -1,0 +1,162 @@
+#include "client/load_generator.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "client/sampler_client.h"
+
+namespace samplerd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+v1::SampleRequest MakeStep(const LoadOptions& options, int stream, int step) {
+  v1::SampleRequest request;
+  request.set_step_id(static_cast<uint64_t>(stream) << 32 | static_cast<uint32_t>(step));
+  v1::SamplerInputs* inputs = request.mutable_inputs();
+  inputs->set_kind(v1::PREFILL);
+  inputs->set_vocab_size(options.vocab);
+  for (int r = 0; r < options.rows; ++r) {
+    v1::RequestInputs* req = inputs->add_requests();
+    req->set_request_id(absl::StrCat("s", stream, "r", r));
+    req->set_row(r);
+    req->set_sample_position(100 + step);
+    v1::SamplingParams* p = req->mutable_params();
+    p->set_temperature(0.7f);
+    p->set_top_p(0.95f);
+    p->set_top_k(50);
+    p->set_top_logprobs(5);
+    p->set_seq_seed(static_cast<uint64_t>(stream) * 1000003 + r);
+  }
+  return request;
+}
+
+struct StreamResult {
+  absl::Status status;
+  std::vector<double> latencies_us;
+  std::vector<double> compute_us;
+  Clock::time_point first, last;  // start of the first measured step, end of the last
+};
+
+void RunStream(const LoadOptions& options, int index, SamplerClient& client, StreamResult& out) {
+  const int64_t bytes = static_cast<int64_t>(options.rows) * options.vocab * 4;
+  std::vector<float> logits(static_cast<size_t>(options.rows) * options.vocab);
+  std::mt19937_64 rng(index);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (float& v : logits) v = normal(rng);
+  std::unique_ptr<ShmBuffer> shm;
+  const std::string buffer_name = absl::StrCat("bench-", getpid(), "-", index);
+  if (options.shm) {
+    auto created = ShmBuffer::Create("/samplerd-" + buffer_name, bytes);
+    if (!created.ok()) {
+      out.status = created.status();
+      return;
+    }
+    shm = std::move(*created);
+    std::memcpy(shm->data(), logits.data(), bytes);
+    out.status = client.RegisterShm(buffer_name, *shm);
+    if (!out.status.ok()) return;
+  }
+  std::unique_ptr<SamplerClient::StepStream> stream;
+  if (options.streaming) {
+    auto opened = client.OpenStream();
+    if (!opened.ok()) {
+      out.status = opened.status();
+      return;
+    }
+    stream = std::move(*opened);
+  }
+  for (int step = 0; step < options.warmup + options.steps; ++step) {
+    v1::SampleRequest request = MakeStep(options, index, step);
+    v1::Tensor* tensor = request.mutable_logits();
+    tensor->set_dtype(v1::FLOAT32);
+    tensor->set_rows(options.rows);
+    tensor->set_cols(options.vocab);
+    const Clock::time_point start = Clock::now();
+    if (options.shm) {
+      tensor->mutable_buffer()->set_name(buffer_name);
+    } else {
+      // The copy into the message is part of what inline logits cost.
+      tensor->set_data(logits.data(), bytes);
+    }
+    auto response = stream ? stream->Step(request) : client.Sample(request);
+    const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+    if (!response.ok()) {
+      out.status = response.status();
+      return;
+    }
+    if (response->has_error()) {
+      out.status = absl::Status(static_cast<absl::StatusCode>(response->error().code()),
+                                response->error().message());
+      return;
+    }
+    if (step == options.warmup) out.first = start;
+    out.last = Clock::now();
+    if (step >= options.warmup) {
+      out.latencies_us.push_back(us);
+      out.compute_us.push_back(static_cast<double>(response->timing().compute_us()));
+    }
+  }
+  if (stream) out.status = stream->Close();
+  if (options.shm && out.status.ok()) out.status = client.UnregisterBuffer(buffer_name);
+}
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(q * (v.size() - 1) + 0.5));
+  return v[i];
+}
+
+}  // namespace
+
+absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
+  if (options.streams < 1 || options.rows < 1 || options.vocab < 1 || options.steps < 1) {
+    return absl::InvalidArgumentError("streams, rows, vocab and steps must be >= 1");
+  }
+  auto client = SamplerClient::Connect(options.target);
+  if (!client.ok()) return client.status();
+  std::vector<StreamResult> results(options.streams);
+  std::vector<std::thread> threads;
+  for (int s = 0; s < options.streams; ++s) {
+    threads.emplace_back([&, s] { RunStream(options, s, **client, results[s]); });
+  }
+  for (std::thread& t : threads) t.join();
+  LoadReport report;
+  std::vector<double> all, compute;
+  Clock::time_point first = results[0].first, last = results[0].last;
+  for (const StreamResult& r : results) {
+    if (!r.status.ok()) return r.status;
+    first = std::min(first, r.first);
+    last = std::max(last, r.last);
+    all.insert(all.end(), r.latencies_us.begin(), r.latencies_us.end());
+    compute.insert(compute.end(), r.compute_us.begin(), r.compute_us.end());
+  }
+  report.seconds = std::chrono::duration<double>(last - first).count();
+  report.steps = static_cast<int64_t>(all.size());
+  report.p50_us = Percentile(all, 0.50);
+  report.p99_us = Percentile(all, 0.99);
+  report.max_us = Percentile(all, 1.0);
+  report.server_compute_p50_us = Percentile(compute, 0.50);
+  return report;
+}
+
+std::string FormatReport(const LoadOptions& options, const LoadReport& report) {
+  return absl::StrFormat(
+      "streams=%d rows=%d vocab=%d source=%s mode=%s steps=%d: %.1f steps/s, latency p50 %.0f us "
+      "p99 %.0f us max %.0f us (server compute p50 %.0f us)\n",
+      options.streams, options.rows, options.vocab, options.shm ? "shm" : "inline",
+      options.streaming ? "stream" : "unary", report.steps, report.steps / report.seconds,
+      report.p50_us, report.p99_us, report.max_us, report.server_compute_p50_us);
+}
+
+}  // namespace samplerd

@@ -1,0 +1,41 @@
+// `samplerctl bench`: a load generator for a running samplerd. Each stream (a thread) sends
+// PREFILL steps of `rows` requests over V = `vocab` random fp32 logits, inline or through a
+// registered shm region, unary or on one SampleStream, and records each step's latency.
+//
+//   ASSIGN_OR_RETURN(LoadReport report, RunLoad(options));
+//   std::cout << FormatReport(options, report);
+#ifndef SAMPLERD_CLIENT_LOAD_GENERATOR_H_
+#define SAMPLERD_CLIENT_LOAD_GENERATOR_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace samplerd {
+
+struct LoadOptions {
+  std::string target = "127.0.0.1:50051";
+  int streams = 1;
+  int rows = 16;
+  int vocab = 129280;
+  int steps = 200;          // per stream, after `warmup` steps
+  int warmup = 10;
+  bool shm = false;         // logits through a registered HOST_SHM region, else inline bytes
+  bool streaming = false;   // SampleStream, else unary Sample
+};
+
+struct LoadReport {
+  int64_t steps = 0;
+  double seconds = 0;       // wall time of the measured steps
+  double p50_us = 0, p99_us = 0, max_us = 0;
+  double server_compute_p50_us = 0;  // the server's own compute_us
+};
+
+// Errors: the first failed call's status.
+absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options);
+std::string FormatReport(const LoadOptions& options, const LoadReport& report);
+
+}  // namespace samplerd
+
+#endif  // SAMPLERD_CLIENT_LOAD_GENERATOR_H_

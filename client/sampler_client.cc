@@ -1,0 +1,135 @@
+#include "client/sampler_client.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace samplerd {
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+absl::StatusOr<std::unique_ptr<SamplerClient>> SamplerClient::Connect(const std::string& target,
+                                                                      const ClientOptions& options) {
+  if (target.empty()) return absl::InvalidArgumentError("target: required (host:port)");
+  grpc::ChannelArguments args;
+  const int max = static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX));
+  args.SetMaxReceiveMessageSize(max);
+  args.SetMaxSendMessageSize(max);
+  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  if (channel == nullptr) return absl::InvalidArgumentError(absl::StrCat("target: ", target));
+  return std::unique_ptr<SamplerClient>(new SamplerClient(std::move(channel), options));
+}
+
+SamplerClient::SamplerClient(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options)
+    : options_(options),
+      channel_(std::move(channel)),
+      stub_(v1::Sampler::NewStub(channel_)),
+      health_(grpc::health::v1::Health::NewStub(channel_)) {}
+
+void SamplerClient::SetDeadline(grpc::ClientContext& context) const {
+  context.set_deadline(std::chrono::system_clock::now() + options_.timeout);
+}
+
+absl::StatusOr<v1::SampleResponse> SamplerClient::Sample(const v1::SampleRequest& request) {
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::SampleResponse response;
+  const grpc::Status status = stub_->Sample(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<std::unique_ptr<SamplerClient::StepStream>> SamplerClient::OpenStream() {
+  auto stream = std::unique_ptr<StepStream>(new StepStream());
+  stream->context_ = std::make_unique<grpc::ClientContext>();
+  stream->stream_ = stub_->SampleStream(stream->context_.get());
+  if (stream->stream_ == nullptr) return absl::UnavailableError("cannot open SampleStream");
+  return stream;
+}
+
+absl::Status SamplerClient::StepStream::Send(const v1::SampleRequest& request) {
+  if (stream_->Write(request)) return absl::OkStatus();
+  const absl::Status closed = Close();
+  return closed.ok() ? absl::UnavailableError("SampleStream closed by the server") : closed;
+}
+
+absl::StatusOr<v1::SampleResponse> SamplerClient::StepStream::Receive() {
+  v1::SampleResponse response;
+  if (!stream_->Read(&response)) {
+    absl::Status status = FromGrpcStatus(stream_->Finish());
+    if (status.ok()) status = absl::UnavailableError("SampleStream ended by the server");
+    return status;
+  }
+  return response;
+}
+
+absl::StatusOr<v1::SampleResponse> SamplerClient::StepStream::Step(
+    const v1::SampleRequest& request) {
+  if (absl::Status sent = Send(request); !sent.ok()) return sent;
+  return Receive();
+}
+
+absl::Status SamplerClient::StepStream::Close() {
+  stream_->WritesDone();
+  v1::SampleResponse ignored;
+  while (stream_->Read(&ignored)) {
+  }
+  return FromGrpcStatus(stream_->Finish());
+}
+
+absl::Status SamplerClient::RegisterShm(const std::string& name, const ShmBuffer& shm) {
+  v1::RegisterBufferRequest request;
+  request.set_name(name);
+  request.set_kind(v1::HOST_SHM);
+  request.set_shm_name(shm.shm_name());
+  request.set_byte_size(shm.byte_size());
+  return RegisterBuffer(request);
+}
+
+absl::Status SamplerClient::RegisterBuffer(const v1::RegisterBufferRequest& request) {
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::RegisterBufferResponse response;
+  return FromGrpcStatus(stub_->RegisterBuffer(&context, request, &response));
+}
+
+absl::Status SamplerClient::UnregisterBuffer(const std::string& name) {
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::UnregisterBufferRequest request;
+  request.set_name(name);
+  v1::UnregisterBufferResponse response;
+  return FromGrpcStatus(stub_->UnregisterBuffer(&context, request, &response));
+}
+
+absl::StatusOr<v1::ListBuffersResponse> SamplerClient::ListBuffers() {
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::ListBuffersResponse response;
+  const grpc::Status status = stub_->ListBuffers(&context, v1::ListBuffersRequest(), &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<v1::GetServerInfoResponse> SamplerClient::GetServerInfo() {
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::GetServerInfoResponse response;
+  const grpc::Status status = stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<bool> SamplerClient::IsServing(const std::string& service) {
+  grpc::ClientContext context;
+  SetDeadline(context);
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  const grpc::Status status = health_->Check(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+}
+
+}  // namespace samplerd

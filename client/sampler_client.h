@@ -1,0 +1,84 @@
+// SamplerClient: the C++ client of samplerd (unary steps, a model worker's streaming session,
+// buffer registration, server info and health). Depends on the generated protos only.
+//
+//   ASSIGN_OR_RETURN(auto client, SamplerClient::Connect("127.0.0.1:50051"));
+//   ASSIGN_OR_RETURN(v1::SampleResponse response, client->Sample(request));
+//
+//   ASSIGN_OR_RETURN(auto stream, client->OpenStream());
+//   for (...) { ASSIGN_OR_RETURN(v1::SampleResponse r, stream->Step(request)); }
+//   RETURN_IF_ERROR(stream->Close());
+//
+// Errors are the call's gRPC status as absl::Status (same code and message). Thread-safe,
+// except that one StepStream must be used by one thread at a time.
+#ifndef SAMPLERD_CLIENT_SAMPLER_CLIENT_H_
+#define SAMPLERD_CLIENT_SAMPLER_CLIENT_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "client/shm_buffer.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "samplerd/v1/sampler.grpc.pb.h"
+
+namespace samplerd {
+
+struct ClientOptions {
+  int64_t max_message_bytes = 256LL << 20;  // as the server's default
+  std::chrono::milliseconds timeout{30000}; // per unary call
+};
+
+class SamplerClient final {
+ public:
+  // `target` is a gRPC target: "host:port" or "unix:/path". Connects lazily.
+  static absl::StatusOr<std::unique_ptr<SamplerClient>> Connect(const std::string& target,
+                                                                const ClientOptions& options = {});
+
+  absl::StatusOr<v1::SampleResponse> Sample(const v1::SampleRequest& request);
+
+  // A SampleStream session: one response per step, in order.
+  class StepStream {
+   public:
+    // Sends `request` and waits for its response. A step the server failed as a whole comes
+    // back with `error` set; the stream goes on.
+    absl::StatusOr<v1::SampleResponse> Step(const v1::SampleRequest& request);
+    // Pipelined use: Send several, then Receive as many.
+    absl::Status Send(const v1::SampleRequest& request);
+    absl::StatusOr<v1::SampleResponse> Receive();
+    // Half-closes and returns the stream's final status.
+    absl::Status Close();
+
+   private:
+    friend class SamplerClient;
+    std::unique_ptr<grpc::ClientContext> context_;
+    std::unique_ptr<grpc::ClientReaderWriter<v1::SampleRequest, v1::SampleResponse>> stream_;
+  };
+  absl::StatusOr<std::unique_ptr<StepStream>> OpenStream();
+
+  absl::Status RegisterShm(const std::string& name, const ShmBuffer& shm);
+  absl::Status RegisterBuffer(const v1::RegisterBufferRequest& request);
+  absl::Status UnregisterBuffer(const std::string& name);
+  absl::StatusOr<v1::ListBuffersResponse> ListBuffers();
+  absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo();
+  // grpc.health.v1 Check of `service` ("" = the server as a whole): true when SERVING.
+  absl::StatusOr<bool> IsServing(const std::string& service = "");
+
+ private:
+  SamplerClient(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options);
+  void SetDeadline(grpc::ClientContext& context) const;
+
+  const ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Sampler::Stub> stub_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+};
+
+// grpc::Status -> absl::Status (client side).
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+}  // namespace samplerd
+
+#endif  // SAMPLERD_CLIENT_SAMPLER_CLIENT_H_

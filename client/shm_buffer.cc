@@ -1,0 +1,48 @@
+#include "client/shm_buffer.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace samplerd {
+
+absl::StatusOr<std::unique_ptr<ShmBuffer>> ShmBuffer::Create(const std::string& shm_name,
+                                                             int64_t byte_size) {
+  if (shm_name.size() < 2 || shm_name[0] != '/' || shm_name.find('/', 1) != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("shm_name: '", shm_name, "' must be '/name'"));
+  }
+  if (byte_size <= 0) return absl::InvalidArgumentError("byte_size: must be > 0");
+  const int fd = shm_open(shm_name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == EEXIST) return absl::AlreadyExistsError(absl::StrCat(shm_name, " exists"));
+    return absl::InternalError(absl::StrCat("shm_open ", shm_name, ": ", std::strerror(err)));
+  }
+  if (ftruncate(fd, byte_size) != 0) {
+    const int err = errno;
+    close(fd);
+    shm_unlink(shm_name.c_str());
+    return absl::InternalError(absl::StrCat("ftruncate ", shm_name, ": ", std::strerror(err)));
+  }
+  void* data = mmap(nullptr, static_cast<size_t>(byte_size), PROT_READ | PROT_WRITE, MAP_SHARED,
+                    fd, 0);
+  const int err = errno;
+  close(fd);
+  if (data == MAP_FAILED) {
+    shm_unlink(shm_name.c_str());
+    return absl::InternalError(absl::StrCat("mmap ", shm_name, ": ", std::strerror(err)));
+  }
+  return std::unique_ptr<ShmBuffer>(new ShmBuffer(shm_name, data, byte_size));
+}
+
+ShmBuffer::~ShmBuffer() {
+  munmap(data_, static_cast<size_t>(byte_size_));
+  shm_unlink(shm_name_.c_str());
+}
+
+}  // namespace samplerd

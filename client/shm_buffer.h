@@ -1,0 +1,45 @@
+// A POSIX shared-memory object the client creates and writes logits into, for HOST_SHM
+// regions: the model worker's side of a registered buffer.
+//
+//   ASSIGN_OR_RETURN(std::unique_ptr<ShmBuffer> shm, ShmBuffer::Create("/worker0", bytes));
+//   std::memcpy(shm->data(), logits, n);
+//   client->RegisterShm("worker0-logits", *shm);
+//
+// The destructor unmaps and unlinks the object (the server's read-only mapping, if any,
+// stays valid until the server unmaps it).
+#ifndef SAMPLERD_CLIENT_SHM_BUFFER_H_
+#define SAMPLERD_CLIENT_SHM_BUFFER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace samplerd {
+
+class ShmBuffer final {
+ public:
+  // Creates `shm_name` ("/name"; must not exist) of `byte_size` bytes, zero-filled.
+  // Errors: INVALID_ARGUMENT (bad name or size), ALREADY_EXISTS, INTERNAL (system call failed).
+  static absl::StatusOr<std::unique_ptr<ShmBuffer>> Create(const std::string& shm_name,
+                                                           int64_t byte_size);
+  ~ShmBuffer();
+  ShmBuffer(const ShmBuffer&) = delete;
+  ShmBuffer& operator=(const ShmBuffer&) = delete;
+
+  void* data() { return data_; }
+  int64_t byte_size() const { return byte_size_; }
+  const std::string& shm_name() const { return shm_name_; }
+
+ private:
+  ShmBuffer(std::string shm_name, void* data, int64_t byte_size)
+      : shm_name_(std::move(shm_name)), data_(data), byte_size_(byte_size) {}
+  const std::string shm_name_;
+  void* const data_;
+  const int64_t byte_size_;
+};
+
+}  // namespace samplerd
+
+#endif  // SAMPLERD_CLIENT_SHM_BUFFER_H_
