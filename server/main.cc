@@ -47,7 +47,8 @@ ABSL_FLAG(std::string, metrics_address, "",
 ABSL_FLAG(int, shutdown_grace_ms, 0,
           "on SIGTERM, report NOT_SERVING this long before refusing new steps");
 ABSL_FLAG(int, shutdown_deadline_ms, 10000, "then answer accepted steps for at most this long");
-ABSL_FLAG(std::string, port_file, "", "write the bound TCP port to this file once serving");
+ABSL_FLAG(std::string, port_file, "",
+          "once serving, write the bound gRPC port and the metrics port (0 = off), one a line");
 ABSL_FLAG(std::string, log_level, "info", "trace | debug | info | warn | error");
 
 namespace samplerd {
@@ -133,7 +134,7 @@ int Serve() {
   if (!port_file.empty()) {
     // Written whole under a temporary name, then renamed, so readers never see a partial file.
     const std::string tmp = port_file + ".tmp";
-    std::ofstream(tmp) << port << "\n";
+    std::ofstream(tmp) << port << "\n" << (*metrics)->port() << "\n";
     std::rename(tmp.c_str(), port_file.c_str());
   }
 

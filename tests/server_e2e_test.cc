@@ -1,0 +1,411 @@
+// samplerd end to end: the real server in its own process, real gRPC, real shared memory, the
+// fake model worker as a third process.
+//
+//   server_e2e_test SAMPLERD FAKE_WORKER
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "client/sampler_client.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "tests/in_process.h"
+#include "tests/server_process.h"
+
+namespace samplerd {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string g_samplerd;
+std::string g_fake_worker;
+
+// A PREFILL step of `n` requests over fixed seeded logits, inline.
+v1::SampleRequest SmallStep(uint64_t step_id, int n = 3, int vocab = 64, uint64_t seed = 1) {
+  v1::SampleRequest request;
+  request.set_step_id(step_id);
+  v1::Tensor* t = request.mutable_logits();
+  t->set_rows(n);
+  t->set_cols(vocab);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (int i = 0; i < n * vocab; ++i) t->mutable_values()->add_values(normal(rng));
+  v1::SamplerInputs* in = request.mutable_inputs();
+  in->set_kind(v1::PREFILL);
+  in->set_vocab_size(vocab);
+  for (int i = 0; i < n; ++i) {
+    v1::RequestInputs* r = in->add_requests();
+    r->set_request_id("r" + std::to_string(i));
+    r->set_row(i);
+    r->set_sample_position(static_cast<int64_t>(step_id));
+    r->mutable_params()->set_seq_seed(seed * 100 + i);
+    r->mutable_params()->set_top_logprobs(2);
+  }
+  return request;
+}
+
+class ServerE2E : public ::testing::Test {
+ protected:
+  void StartServer(std::vector<std::string> flags = {}) {
+    server_ = std::make_unique<ServerProcess>(g_samplerd, std::move(flags));
+    ASSERT_TRUE(server_->Start().ok());
+    auto client = SamplerClient::Connect(server_->target());
+    ASSERT_TRUE(client.ok());
+    client_ = std::move(*client);
+  }
+  void TearDown() override {
+    // Close our channel first: gRPC's sync server lingers ~5 s on shutdown while an idle
+    // client connection stays open.
+    client_.reset();
+    if (server_) EXPECT_EQ(server_->Stop(SIGTERM), 0);
+  }
+  std::unique_ptr<ServerProcess> server_;
+  std::unique_ptr<SamplerClient> client_;
+};
+
+TEST_F(ServerE2E, FakeModelWorkerAgreesBitwiseWithInProcessBackend) {
+  StartServer();
+  EXPECT_EQ(RunProcess({g_fake_worker, "--target=" + server_->target()}), 0);
+}
+
+TEST_F(ServerE2E, HealthAndServerInfo) {
+  StartServer();
+  auto serving = client_->IsServing();
+  ASSERT_TRUE(serving.ok()) << serving.status();
+  EXPECT_TRUE(*serving);
+  auto sampler = client_->IsServing("samplerd.v1.Sampler");
+  ASSERT_TRUE(sampler.ok());
+  EXPECT_TRUE(*sampler);
+  auto info = client_->GetServerInfo();
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->backend(), "cpu");
+  EXPECT_EQ(info->limits().max_top_logprobs(), 64);
+}
+
+TEST_F(ServerE2E, DrainingReportsNotServingThenExitsZero) {
+  StartServer({"--shutdown_grace_ms=1500"});
+  server_->Signal(SIGTERM);
+  bool saw_not_serving = false;
+  for (int i = 0; i < 100 && !saw_not_serving; ++i) {
+    auto serving = client_->IsServing();
+    saw_not_serving = serving.ok() && !*serving;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(saw_not_serving);
+  EXPECT_EQ(server_->Wait(), 0);
+  server_.reset();
+}
+
+TEST_F(ServerE2E, SigtermDuringAStreamAnswersEveryAcceptedStep) {
+  StartServer();
+  auto stream = client_->OpenStream();
+  ASSERT_TRUE(stream.ok());
+  std::atomic<int> answered{0};
+  std::vector<uint64_t> ids;
+  absl::Status end;
+  bool refused = false;
+  std::thread worker([&] {
+    for (uint64_t step = 0; step < 100000; ++step) {
+      auto response = (*stream)->Step(SmallStep(step, 2, 2000, step));
+      if (!response.ok()) {
+        end = response.status();
+        return;
+      }
+      if (response->has_error()) {
+        // A step read after the drain began is refused, with a response of its own.
+        refused = response->error().code() == static_cast<int>(absl::StatusCode::kUnavailable);
+        end = absl::Status(static_cast<absl::StatusCode>(response->error().code()),
+                           response->error().message());
+        auto after = (*stream)->Receive();  // the stream then ends
+        if (!after.ok()) end = after.status();
+        return;
+      }
+      ids.push_back(response->step_id());
+      ++answered;
+    }
+  });
+  while (answered.load() < 20) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const int exit_code = server_->Stop(SIGTERM);
+  server_.reset();
+  worker.join();
+  EXPECT_EQ(exit_code, 0);
+  // Every step the server read was answered, in order (at most the last refused as
+  // UNAVAILABLE because it arrived after the drain began); the stream then ended UNAVAILABLE.
+  for (size_t i = 0; i < ids.size(); ++i) ASSERT_EQ(ids[i], i);
+  if (refused) EXPECT_THAT(std::string(end.message()), HasSubstr("shutting down"));
+  EXPECT_GE(ids.size(), 20u);
+  EXPECT_EQ(end.code(), absl::StatusCode::kUnavailable) << end;
+}
+
+TEST_F(ServerE2E, StepFaultsMapToCodesNamingTheField) {
+  StartServer();
+  {
+    v1::SampleRequest bad = SmallStep(1);
+    bad.mutable_logits()->set_rows(0);
+    auto r = client_->Sample(bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("logits.rows"));
+  }
+  {
+    v1::SampleRequest bad = SmallStep(1);
+    bad.mutable_logits()->mutable_buffer()->set_name("nope");
+    bad.mutable_logits()->set_dtype(v1::FLOAT32);
+    auto r = client_->Sample(bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("logits.buffer.name"));
+  }
+  {
+    auto shm = ShmBuffer::Create("/samplerd-e2e-slice-" + std::to_string(getpid()), 1024);
+    ASSERT_TRUE(shm.ok());
+    ASSERT_TRUE(client_->RegisterShm("small", **shm).ok());
+    v1::SampleRequest bad = SmallStep(1);  // 3 x 64 floats = 768 bytes
+    bad.mutable_logits()->mutable_buffer()->set_name("small");
+    bad.mutable_logits()->mutable_buffer()->set_byte_offset(512);
+    bad.mutable_logits()->set_dtype(v1::FLOAT32);
+    auto r = client_->Sample(bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("logits.buffer.byte_offset"));
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("exceeds buffer 'small' of 1024"));
+    bad.mutable_logits()->mutable_buffer()->set_byte_offset(-4);
+    EXPECT_EQ(client_->Sample(bad).status().code(), absl::StatusCode::kInvalidArgument);
+    bad.mutable_logits()->mutable_buffer()->set_byte_offset(256);  // [256, 1024): fits
+    EXPECT_TRUE(client_->Sample(bad).ok());
+  }
+  {
+    v1::RegisterBufferRequest reg;
+    reg.set_name("gpu");
+    reg.set_kind(v1::CUDA_IPC);
+    reg.set_byte_size(4096);
+    reg.set_cuda_ipc_handle(std::string(10, 'x'));
+    absl::Status s = client_->RegisterBuffer(reg);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(s.message()), HasSubstr("cuda_ipc_handle: 10 bytes"));
+    reg.set_cuda_ipc_handle(std::string(64, 'x'));
+    EXPECT_EQ(client_->RegisterBuffer(reg).code(), absl::StatusCode::kFailedPrecondition);
+  }
+  {
+    v1::SampleRequest bad = SmallStep(1);
+    bad.mutable_logits()->mutable_cuda_ipc()->set_handle(std::string(63, 'h'));
+    bad.mutable_logits()->set_dtype(v1::FLOAT32);
+    auto r = client_->Sample(bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("logits.cuda_ipc.handle"));
+  }
+  {
+    v1::SampleRequest bad = SmallStep(1);
+    bad.mutable_inputs()->set_kind(v1::STEP_KIND_UNSPECIFIED);
+    EXPECT_THAT(std::string(client_->Sample(bad).status().message()), HasSubstr("inputs.kind"));
+  }
+  {
+    grpc::ClientContext context;
+    auto stub = v1::Sampler::NewStub(
+        grpc::CreateChannel(server_->target(), grpc::InsecureChannelCredentials()));
+    v1::CreateGroupResponse response;
+    EXPECT_EQ(stub->CreateGroup(&context, v1::CreateGroupRequest(), &response).error_code(),
+              grpc::StatusCode::UNIMPLEMENTED);
+  }
+}
+
+TEST_F(ServerE2E, OversizeMessageIsResourceExhausted) {
+  StartServer({"--max_message_bytes=1048576"});
+  v1::SampleRequest big = SmallStep(1, 1, 64);
+  big.mutable_logits()->set_cols(300000);
+  big.mutable_logits()->mutable_values()->mutable_values()->Resize(300000, 0.5f);
+  auto r = client_->Sample(big);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+}
+
+TEST_F(ServerE2E, PerRequestFaultsLeaveOtherResultsIntact) {
+  StartServer();
+  v1::SampleRequest step = SmallStep(7, 4);
+  step.mutable_inputs()->mutable_requests(1)->mutable_params()->set_top_p(0.0f);
+  step.mutable_inputs()->mutable_requests(2)->add_output_token_ids(64);
+  auto got = client_->Sample(step);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->results(1).status().code(), 3);
+  EXPECT_THAT(got->results(1).status().message(), HasSubstr("requests[1].params.top_p"));
+  EXPECT_THAT(got->results(2).status().message(), HasSubstr("output_token_ids[0]"));
+  // Requests 0 and 3 are answered as when alone.
+  for (int i : {0, 3}) {
+    v1::SampleRequest alone = SmallStep(7, 4);
+    auto* requests = alone.mutable_inputs()->mutable_requests();
+    v1::RequestInputs keep = requests->Get(i);
+    requests->Clear();
+    *requests->Add() = keep;
+    auto single = client_->Sample(alone);
+    ASSERT_TRUE(single.ok());
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(single->results(0),
+                                                                   got->results(i)));
+  }
+}
+
+TEST_F(ServerE2E, StreamAnswersAFailedStepAndGoesOn) {
+  StartServer();
+  auto stream = client_->OpenStream();
+  ASSERT_TRUE(stream.ok());
+  v1::SampleRequest bad = SmallStep(1);
+  bad.mutable_inputs()->set_vocab_size(1000);
+  auto first = (*stream)->Step(bad);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(first->step_id(), 1u);
+  EXPECT_EQ(first->error().code(), 3);
+  EXPECT_THAT(first->error().message(), HasSubstr("inputs.vocab_size"));
+  auto second = (*stream)->Step(SmallStep(2));
+  ASSERT_TRUE(second.ok());
+  EXPECT_FALSE(second->has_error());
+  EXPECT_EQ(second->results_size(), 3);
+  EXPECT_TRUE((*stream)->Close().ok());
+}
+
+TEST_F(ServerE2E, BufferLifecycle) {
+  StartServer();
+  auto shm = ShmBuffer::Create("/samplerd-e2e-life-" + std::to_string(getpid()), 4096);
+  ASSERT_TRUE(shm.ok());
+  ASSERT_TRUE(client_->RegisterShm("logits", **shm).ok());
+  EXPECT_EQ(client_->RegisterShm("logits", **shm).code(), absl::StatusCode::kAlreadyExists);
+  auto list = client_->ListBuffers();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->buffers_size(), 1);
+  EXPECT_EQ(list->buffers(0).name(), "logits");
+  EXPECT_EQ(list->buffers(0).byte_size(), 4096);
+  EXPECT_EQ(list->buffers(0).in_use(), 0);
+  v1::RegisterBufferRequest missing;
+  missing.set_name("missing");
+  missing.set_kind(v1::HOST_SHM);
+  missing.set_shm_name("/samplerd-no-such-object");
+  missing.set_byte_size(16);
+  EXPECT_EQ(client_->RegisterBuffer(missing).code(), absl::StatusCode::kNotFound);
+  v1::RegisterBufferRequest too_big;
+  too_big.set_name("big");
+  too_big.set_kind(v1::HOST_SHM);
+  too_big.set_shm_name((*shm)->shm_name());
+  too_big.set_byte_size(8192);
+  EXPECT_EQ(client_->RegisterBuffer(too_big).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(client_->UnregisterBuffer("logits").ok());
+  EXPECT_EQ(client_->UnregisterBuffer("logits").code(), absl::StatusCode::kNotFound);
+  v1::SampleRequest step = SmallStep(1);
+  step.mutable_logits()->mutable_buffer()->set_name("logits");
+  step.mutable_logits()->set_dtype(v1::FLOAT32);
+  EXPECT_EQ(client_->Sample(step).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ServerE2E, ManyConcurrentClientsGetExactAnswers) {
+  StartServer({"--max_queued_steps=256"});
+  constexpr int kClients = 8, kSteps = 25;
+  std::vector<std::thread> threads;
+  std::atomic<int> mismatches{0}, failures{0};
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      auto client = SamplerClient::Connect(server_->target());
+      auto local = CpuBackend::Create({.num_threads = 1});
+      if (!client.ok() || !local.ok()) {
+        ++failures;
+        return;
+      }
+      for (int s = 0; s < kSteps; ++s) {
+        const v1::SampleRequest request = SmallStep(s, 4, 500, 1000 * c + s);
+        auto got = (*client)->Sample(request);
+        auto want = RunInProcess(**local, request);
+        if (!got.ok() || !want.ok()) {
+          ++failures;
+          continue;
+        }
+        got->clear_timing();
+        if (!google::protobuf::util::MessageDifferencer::Equals(*got, *want)) ++mismatches;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
+TEST_F(ServerE2E, BusyServerAnswersResourceExhaustedAtOnce) {
+  StartServer({"--max_queued_steps=1", "--threads=1"});
+  // Two streams of slow steps: with one admission slot, some steps must be refused.
+  std::atomic<int> refused{0}, answered{0};
+  std::vector<std::thread> threads;
+  for (int c = 0; c < 4; ++c) {
+    threads.emplace_back([&, c] {
+      auto client = SamplerClient::Connect(server_->target());
+      for (int s = 0; s < 10; ++s) {
+        auto got = (*client)->Sample(SmallStep(s, 8, 60000, 10 * c + s));
+        if (got.ok()) {
+          ++answered;
+        } else if (got.status().code() == absl::StatusCode::kResourceExhausted) {
+          EXPECT_THAT(std::string(got.status().message()), HasSubstr("busy"));
+          ++refused;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_GT(refused.load(), 0);
+  EXPECT_GT(answered.load(), 0);
+  EXPECT_EQ(refused.load() + answered.load(), 40);
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string request = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  (void)!write(fd, request.data(), request.size());
+  std::string out;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = read(fd, buffer, sizeof(buffer))) > 0) out.append(buffer, n);
+  close(fd);
+  return out;
+}
+
+TEST_F(ServerE2E, PrometheusMetricsCountSteps) {
+  StartServer({"--metrics_address=127.0.0.1:0"});
+  ASSERT_GT(server_->metrics_port(), 0);
+  ASSERT_TRUE(client_->Sample(SmallStep(1)).ok());
+  v1::SampleRequest bad = SmallStep(2);
+  bad.mutable_inputs()->mutable_requests(0)->mutable_params()->set_top_k(0);
+  ASSERT_TRUE(client_->Sample(bad).ok());
+  const std::string metrics = HttpGet(server_->metrics_port(), "/metrics");
+  EXPECT_THAT(metrics, HasSubstr("samplerd_step_seconds_count{kind=\"PREFILL\"} 2"));
+  EXPECT_THAT(metrics, HasSubstr("samplerd_requests_total{kind=\"PREFILL\"} 6"));
+  EXPECT_THAT(metrics, HasSubstr("samplerd_errors_total{code=\"INVALID_ARGUMENT\"} 1"));
+  EXPECT_THAT(metrics, HasSubstr("samplerd_steps_in_flight 0"));
+}
+
+TEST_F(ServerE2E, ListensOnAUnixSocket) {
+  char dir_template[] = "/tmp/samplerd-sock-XXXXXX";
+  const std::string socket = std::string(mkdtemp(dir_template)) + "/samplerd.sock";
+  StartServer({"--unix_socket=" + socket});
+  auto client = SamplerClient::Connect("unix:" + socket);
+  ASSERT_TRUE(client.ok());
+  auto response = (*client)->Sample(SmallStep(5));
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->results_size(), 3);
+}
+
+}  // namespace
+}  // namespace samplerd
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: server_e2e_test SAMPLERD FAKE_WORKER\n");
+    return 2;
+  }
+  samplerd::g_samplerd = argv[1];
+  samplerd::g_fake_worker = argv[2];
+  return RUN_ALL_TESTS();
+}
