@@ -30,6 +30,9 @@ while read -r target status; do
 done < <(grep -E '^//[^ ]+ +(\(cached\) )?(PASSED|FAILED|FAILED TO BUILD|NO STATUS|TIMEOUT)' "$log" |
          sed -E 's/\(cached\) //' | awk '{print $1, $2}')
 rm -f "$log"
+# In CI, stop the Bazel server: a daemon left running would hold the build root's mounts
+# (a chroot rehearsal cannot unmount them) and the machine's memory.
+if [[ ${CI:-} == true ]]; then bazel shutdown >/dev/null 2>&1 || true; fi
 if [[ $rc -ne 0 && $failed -eq 0 ]]; then failed=1; fi
 echo "$passed passed, $failed failed"
 exit "$rc"
