@@ -9,6 +9,7 @@
 #include "sampler/rng.h"
 #include "sampler/row_kernels.h"
 #include "sampler/row_processor.h"
+#include "sampler/step_assembly.h"
 
 namespace samplerd {
 namespace {
@@ -56,22 +57,6 @@ class DraftRowView {
   int32_t n_ = 0;
 };
 
-// What one sampled row contributes to its request.
-struct RowOutcome {
-  absl::Status status;
-  bool accepted = false;  // DECODE verify rows: the draft was accepted
-  int32_t token = -1;     // the accepted draft, or the token emitted if the request stops here
-  float logprob = 0.0f;
-  TopLogprobs top;
-  float sum_smaller = 0.0f;
-  DraftRow draft_row;     // DRAFT steps: the distribution the pool keeps
-};
-
-struct Task {
-  int32_t request;
-  int32_t index;  // into RequestPlan::sampled_rows, or into prompt_targets
-};
-
 }  // namespace
 
 struct CpuBackend::Worker {
@@ -117,30 +102,6 @@ absl::StatusOr<double> DraftProbability(const DraftRowView& q_row, int32_t token
   return std::exp(static_cast<double>(logprob));
 }
 
-// Takes a DECODE request's drafts from the pool and checks they cover rows 0..q-2.
-absl::StatusOr<DraftPool::Entry> TakePoolDrafts(DraftPool& pool, const RequestInputs& inputs,
-                                                int32_t vocab_size, const std::string& field) {
-  auto entry = pool.Take(inputs.request_id);
-  if (!entry.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(field, ": ", entry.status().message()));
-  }
-  for (int32_t i = 1; i < inputs.num_rows; ++i) {
-    auto it = entry->find(i);
-    if (it == entry->end()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          field, ": the draft pool holds no draft ", i, " of request '", inputs.request_id,
-          "' (num_rows = ", inputs.num_rows, " verifies drafts 1..", inputs.num_rows - 1, ")"));
-    }
-    const DraftRow& row = it->second;
-    if (row.token_ids.empty() && static_cast<int32_t>(row.logprobs.size()) != vocab_size) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          field, ": pooled draft ", i, " has ", row.logprobs.size(),
-          " logprobs but this step's vocab_size is ", vocab_size));
-    }
-  }
-  return entry;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuBackendOptions& options) {
@@ -168,46 +129,16 @@ absl::StatusOr<StepResult> CpuBackend::Sample(const StepPlan& plan) {
   absl::MutexLock lock(&mu_);
   const Step& step = *plan.step;
   const size_t num_requests = plan.requests.size();
-  StepResult result;
-  result.step_id = step.step_id;
-  result.results.resize(num_requests);
+  StepResult result = BeginStepResult(plan);
   std::vector<std::string> fields(num_requests);
-  for (size_t i = 0; i < num_requests; ++i) {
-    RequestResult& out = result.results[i];
-    out.request_id = step.requests[i].request_id;
-    out.seq_seed = plan.requests[i].params.seq_seed;
-    out.status = plan.requests[i].status;
-    fields[i] = absl::StrCat("requests[", i, "]");
-  }
-
+  for (size_t i = 0; i < num_requests; ++i) fields[i] = RequestField(i);
   // DECODE requests that verify against the pool take their drafts now (consuming them).
-  std::vector<DraftPool::Entry> pool_entries(num_requests);
-  if (step.kind == StepKind::kDecode) {
-    for (size_t i = 0; i < num_requests; ++i) {
-      const RequestInputs& inputs = step.requests[i];
-      if (!result.results[i].status.ok() || inputs.num_rows < 2 ||
-          inputs.drafts.form != DraftDistributions::Form::kPool) {
-        continue;
-      }
-      auto entry = TakePoolDrafts(draft_pool_, inputs, step.vocab_size, fields[i]);
-      if (entry.ok()) {
-        pool_entries[i] = std::move(*entry);
-      } else {
-        result.results[i].status = entry.status();
-      }
-    }
-  }
-
-  std::vector<Task> tasks;
-  for (size_t i = 0; i < num_requests; ++i) {
-    if (!result.results[i].status.ok()) continue;
-    for (size_t j = 0; j < plan.requests[i].sampled_rows.size(); ++j) {
-      tasks.push_back(Task{static_cast<int32_t>(i), static_cast<int32_t>(j)});
-    }
-  }
+  std::vector<DraftPool::Entry> pool_entries;
+  TakeDecodeDrafts(plan, draft_pool_, result, &pool_entries);
+  const std::vector<RowTask> tasks = RowTasks(plan, result);
   std::vector<RowOutcome> outcomes(tasks.size());
   pool_.ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t t, int w) {
-    const Task& task = tasks[t];
+    const RowTask& task = tasks[t];
     const RequestPlan& request = plan.requests[task.request];
     const RequestInputs& inputs = *request.inputs;
     const SampledRow& row = request.sampled_rows[task.index];
@@ -310,13 +241,13 @@ absl::StatusOr<StepResult> CpuBackend::Sample(const StepPlan& plan) {
   // Prompt logprobs (PREFILL): SPEC 3 steps 1, 5, 6, 7 only, in chunks of bounded size.
   std::vector<std::vector<float>> prompt_logprobs(num_requests);
   if (step.kind == StepKind::kPrefill) {
-    std::vector<Task> prompt_tasks;
+    std::vector<RowTask> prompt_tasks;  // index: into prompt_targets
     for (size_t i = 0; i < num_requests; ++i) {
       if (!result.results[i].status.ok()) continue;
       const auto& targets = step.requests[i].prompt_targets;
       prompt_logprobs[i].resize(targets.size());
       for (size_t k = 0; k < targets.size(); ++k) {
-        prompt_tasks.push_back(Task{static_cast<int32_t>(i), static_cast<int32_t>(k)});
+        prompt_tasks.push_back(RowTask{static_cast<int32_t>(i), static_cast<int32_t>(k)});
       }
     }
     std::vector<absl::Status> statuses;
@@ -324,7 +255,7 @@ absl::StatusOr<StepResult> CpuBackend::Sample(const StepPlan& plan) {
       const size_t count = std::min<size_t>(kPromptLogprobChunkRows, prompt_tasks.size() - start);
       statuses.assign(count, absl::OkStatus());
       pool_.ParallelFor(static_cast<int64_t>(count), [&](int64_t c, int w) {
-        const Task& task = prompt_tasks[start + c];
+        const RowTask& task = prompt_tasks[start + c];
         const RequestInputs& inputs = step.requests[task.request];
         RowOptions options;
         options.params = &plan.requests[task.request].params;
@@ -344,63 +275,7 @@ absl::StatusOr<StepResult> CpuBackend::Sample(const StepPlan& plan) {
     }
   }
 
-  // Assemble each request's outputs in row order.
-  size_t t = 0;
-  for (size_t i = 0; i < num_requests; ++i) {
-    RequestResult& out = result.results[i];
-    const bool planned = out.status.ok();
-    if (!planned) continue;
-    const RequestPlan& request = plan.requests[i];
-    const size_t rows = request.sampled_rows.size();
-    const size_t first = t;
-    t += rows;
-    for (size_t j = 0; j < rows; ++j) {
-      if (!outcomes[first + j].status.ok()) {
-        out.status = outcomes[first + j].status;
-        break;
-      }
-    }
-    if (!out.status.ok()) {
-      prompt_logprobs[i].clear();
-      continue;
-    }
-    auto emit = [&](const RowOutcome& row) {
-      out.token_ids.push_back(row.token);
-      out.logprobs.push_back(row.logprob);
-      if (request.params.top_logprobs > 0) out.top_logprobs.push_back(row.top);
-      if (step.compute_sum_smaller_probs) out.sum_smaller_probs.push_back(row.sum_smaller);
-    };
-    if (step.kind == StepKind::kDecode) {
-      // Accepted drafts up to the first rejection, then one more token; nothing after it.
-      for (size_t j = 0; j < rows; ++j) {
-        const RowOutcome& row = outcomes[first + j];
-        emit(row);
-        if (j + 1 == rows || !row.accepted) break;
-        ++out.num_accepted;
-      }
-    } else {
-      for (size_t j = 0; j < rows; ++j) emit(outcomes[first + j]);
-    }
-    out.prompt_logprobs = std::move(prompt_logprobs[i]);
-    if (step.kind == StepKind::kDraft) {
-      std::vector<std::pair<int32_t, DraftRow>> rows_to_store;
-      for (size_t j = 0; j < rows; ++j) {
-        rows_to_store.emplace_back(step.requests[i].draft_indices[j],
-                                   std::move(outcomes[first + j].draft_row));
-      }
-      absl::Status stored = draft_pool_.Store(out.request_id, std::move(rows_to_store));
-      if (!stored.ok()) {
-        out.status = absl::Status(stored.code(), absl::StrCat(fields[i], ": ", stored.message()));
-      }
-    }
-    if (!out.status.ok()) {
-      out.token_ids.clear();
-      out.logprobs.clear();
-      out.top_logprobs.clear();
-      out.sum_smaller_probs.clear();
-      out.num_accepted = 0;
-    }
-  }
+  AssembleStepResult(plan, outcomes, prompt_logprobs, draft_pool_, result);
   return result;
 }
 

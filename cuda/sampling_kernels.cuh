@@ -1,0 +1,128 @@
+// Device code of samplerd's sampling kernels (private to cuda/). See sampling_launch.h.
+//
+// Conventions: one block of kSampleThreads threads per row job in the sampling kernel; every
+// reduction is a per-thread loop over a fixed stride followed by a fixed tree, so the result
+// depends on V and the block size only. Probability masses used for selection are fixed-point
+// integers (2^-40 units), summed with integer atomics: exact, so order-independent.
+#ifndef SAMPLERD_CUDA_SAMPLING_KERNELS_CUH_
+#define SAMPLERD_CUDA_SAMPLING_KERNELS_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/sampling_launch.h"
+
+namespace samplerd {
+namespace cuda {
+namespace detail {
+
+constexpr int kPrepareThreads = 256;
+constexpr int kPrepareChunk = 4096;     // elements of one row per prepare block
+constexpr int kSampleThreads = 1024;
+constexpr int kCandidateCapacity = 2048;
+constexpr int kDistanceBins = 256;      // distance-from-max histogram, 0.25 nat bins
+constexpr float kBinsPerNat = 4.0f;
+constexpr double kMassScale = 1099511627776.0;  // 2^40
+
+__device__ __forceinline__ uint32_t OrderKey(float f) {
+  const uint32_t b = __float_as_uint(f);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ float FromOrderKey(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
+}
+
+__device__ __forceinline__ float LoadLogit(const void* row, int32_t dtype, int32_t c) {
+  switch (dtype) {
+    case kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(row)[c]);
+    case kF16:
+      return __half2float(static_cast<const __half*>(row)[c]);
+    default:
+      return static_cast<const float*>(row)[c];
+  }
+}
+
+// SplitMix64, SPEC 4.
+__device__ __forceinline__ double Uniform(uint64_t seed, uint64_t seq) {
+  uint64_t z = seed + (seq + 1) * 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  z = z ^ (z >> 31);
+  return static_cast<double>(z >> 11) * 0x1.0p-53;
+}
+
+__device__ __forceinline__ unsigned long long ToMass(double p) {
+  return __double2ull_rn(p * kMassScale);
+}
+
+// Block-wide reductions in a fixed order (warp shuffles, then warp 0 over the warp results).
+template <typename T, typename Op>
+__device__ T BlockReduce(T value, Op op, T* scratch /* [32] */) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int offset = 16; offset > 0; offset >>= 1) value = op(value, __shfl_down_sync(0xFFFFFFFFu, value, offset));
+  __syncthreads();
+  if (lane == 0) scratch[warp] = value;
+  __syncthreads();
+  const int warps = blockDim.x >> 5;
+  if (warp == 0) {
+    value = lane < warps ? scratch[lane] : scratch[0];
+    T acc = value;
+    // Lanes >= warps hold a copy of scratch[0]; reduce only the first `warps` lanes.
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const T other = __shfl_down_sync(0xFFFFFFFFu, acc, offset);
+      if (lane + offset < warps) acc = op(acc, other);
+    }
+    if (lane == 0) scratch[0] = acc;
+  }
+  __syncthreads();
+  const T out = scratch[0];
+  __syncthreads();
+  return out;
+}
+
+struct SumOp {
+  template <typename T>
+  __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct MaxOp {
+  template <typename T>
+  __device__ T operator()(T a, T b) const { return a > b ? a : b; }
+};
+
+// Exclusive prefix sum over the block in thread order; returns the block total in *total.
+template <typename T>
+__device__ T BlockExclusiveScan(T value, T* total, T* scratch /* [32] */) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  T inclusive = value;
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const T other = __shfl_up_sync(0xFFFFFFFFu, inclusive, offset);
+    if (lane >= offset) inclusive += other;
+  }
+  __syncthreads();
+  if (lane == 31) scratch[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {
+    const int warps = blockDim.x >> 5;
+    T v = lane < warps ? scratch[lane] : T(0);
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const T other = __shfl_up_sync(0xFFFFFFFFu, v, offset);
+      if (lane >= offset) v += other;
+    }
+    scratch[lane] = v;  // inclusive over warps
+  }
+  __syncthreads();
+  const T warp_before = warp > 0 ? scratch[warp - 1] : T(0);
+  *total = scratch[(blockDim.x >> 5) - 1];
+  __syncthreads();
+  return warp_before + inclusive - value;
+}
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace samplerd
+
+#endif  // SAMPLERD_CUDA_SAMPLING_KERNELS_CUH_

@@ -1,0 +1,113 @@
+// Launchers of samplerd's CUDA sampling kernels (host header: compiles without nvcc).
+//
+// A step runs as three launches on the caller's stream:
+//   LaunchPrepareRows   logits (fp32/bf16/fp16) -> workspace x: padding, grammar mask, NaN
+//                       check, per-row max; several blocks per row.
+//   LaunchPenalties     sparse repetition/presence/frequency updates of x.
+//   LaunchSampleRows    one block per row: force top-N, temperature, top-p, top-k, min-p,
+//                       log_softmax, the seeded draw, verification, outputs.
+//
+//   RETURN_IF_ERROR(params.Validate());
+//   LaunchPrepareRows(params, stream); LaunchPenalties(params, stream);
+//   LaunchSampleRows(params, stream);
+//
+// Every reduction has a fixed order that depends on V only, never on the number of rows or
+// their layout, so results are batch invariant and bitwise repeatable.
+#ifndef SAMPLERD_CUDA_SAMPLING_LAUNCH_H_
+#define SAMPLERD_CUDA_SAMPLING_LAUNCH_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace samplerd {
+namespace cuda {
+
+inline constexpr int kMaxTopLogprobs = 64;  // per-row output capacity
+
+// What a row job computes.
+enum RowJobKind : int32_t {
+  kRowFresh = 0,    // draw a token (or take the golden one)
+  kRowVerify = 1,   // DECODE verify row: accept/reject draft, replacement on rejection
+  kRowPrompt = 2,   // prompt logprob of `target` only (SPEC 3 steps 1, 5, 6, 7)
+};
+
+// One row of work. All pointers are device pointers. Filled on the host, copied per step.
+struct RowJob {
+  // in: which logits row (of the step's tensor) this job reads; -1 never.
+  int32_t logits_row;
+  int32_t kind;             // RowJobKind
+  float temperature;        // > 0 (already normalised)
+  float top_p;              // (0, 1]; 1 = off
+  int32_t top_k;            // -1 = off
+  float min_p;              // [0, 1]; 0 = off (ignored for kRowPrompt)
+  int32_t top_logprobs;     // [0, kMaxTopLogprobs]
+  int32_t force_top_n;      // 0 = off (ignored for kRowPrompt)
+  int32_t golden;           // -1 = none
+  int32_t draft_token;      // kRowVerify: the draft d_j (-1 = outside the target's top-N)
+  int32_t target;           // kRowPrompt: the prompt target
+  int32_t want_sum_smaller; // 0/1
+  uint64_t seed;            // stream seed
+  uint64_t position;        // random-number position
+  const unsigned char* mask;  // grammar bitmask (ceil(V/32) words), null = none
+  const float* q_dense;     // kRowVerify: the draft's processed logprobs [V] (dense)
+  float* pool_out;          // DRAFT rows: write processed logprobs [V] here, or null
+  int32_t penalty_begin;    // [begin, end) of this job's entries in Penalty list
+  int32_t penalty_end;
+};
+
+// A penalty applied to one token of one job's row.
+struct Penalty {
+  int32_t token;
+  int32_t count;            // occurrences in the output history (0 = prompt only)
+  float repetition;         // 1 = none
+  float presence;
+  float frequency;
+};
+
+// What a row job produces (device, copied back per step).
+struct RowResult {
+  int32_t status;           // 0 OK, 1 NaN/+inf in a real column, 2 no token left
+  int32_t token;            // drawn / golden / accepted draft / replacement
+  int32_t accepted;         // kRowVerify
+  float logprob;
+  float sum_smaller;
+  float prompt_logprob;     // kRowPrompt
+  int32_t top_ids[kMaxTopLogprobs];
+  float top_logprobs[kMaxTopLogprobs];
+};
+
+enum LogitsDType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+// Parameters of one step's launches.
+struct StepParams {
+  // in: the step's logits, device memory, [rows, >= V] with row_stride elements a row.
+  const void* logits = nullptr;
+  int32_t dtype = kF32;
+  int64_t row_stride = 0;
+  int32_t vocab_size = 0;          // V (columns >= V are padding)
+  // in: jobs [num_jobs] and penalties [num_penalties], device memory.
+  const RowJob* jobs = nullptr;
+  int32_t num_jobs = 0;
+  const Penalty* penalties = nullptr;
+  int32_t num_penalties = 0;
+  // scratch: [num_jobs, V] floats (x after steps 1-3) and [num_jobs] row maxima (ordered ints).
+  float* workspace = nullptr;
+  unsigned int* row_max = nullptr;
+  // out: [num_jobs].
+  RowResult* results = nullptr;
+
+  // INVALID_ARGUMENT-style check: returns nullptr when valid, else a message.
+  const char* Validate() const;
+  // Bytes of `workspace` plus `row_max` for `num_jobs` rows of `vocab_size`.
+  [[nodiscard]] static size_t WorkspaceBytes(int32_t num_jobs, int32_t vocab_size);
+};
+
+cudaError_t LaunchPrepareRows(const StepParams& params, cudaStream_t stream);
+cudaError_t LaunchPenalties(const StepParams& params, cudaStream_t stream);
+cudaError_t LaunchSampleRows(const StepParams& params, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace samplerd
+
+#endif  // SAMPLERD_CUDA_SAMPLING_LAUNCH_H_
