@@ -275,7 +275,7 @@ absl::StatusOr<StepResult> CpuBackend::Sample(const StepPlan& plan) {
     }
   }
 
-  AssembleStepResult(plan, outcomes, prompt_logprobs, draft_pool_, result);
+  AssembleStepResult(plan, tasks, outcomes, prompt_logprobs, draft_pool_, result);
   return result;
 }
 

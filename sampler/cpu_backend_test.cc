@@ -266,6 +266,29 @@ TEST(CpuBackend, FaultsFailOnlyTheirRequest) {
   }
 }
 
+TEST(CpuBackend, APromptRowFaultFailsOnlyItsRequest) {
+  // Request 0's prompt rows hold a NaN; request 1, after it, is answered as when alone.
+  const int32_t vocab = 50;
+  HostLogits logits(6, vocab, 16);
+  logits.Row(1)[3] = std::nanf("");
+  RequestInputs a = PrefillRequest("a", 2, 1);
+  a.prompt_first_row = 0;
+  a.prompt_targets = {4, 5};
+  RequestInputs b = PrefillRequest("b", 5, 2);
+  b.prompt_first_row = 3;
+  b.prompt_targets = {7, 8};
+  b.params.top_logprobs = 2;
+  Step step = MakeStep(StepKind::kPrefill, logits, vocab);
+  step.requests = {a, b};
+  auto backend = MakeBackend();
+  const StepResult both = RunStep(*backend, step);
+  EXPECT_THAT(std::string(both.results[0].status.message()), HasSubstr("logits row 1"));
+  EXPECT_TRUE(both.results[0].token_ids.empty());
+  step.requests = {b};
+  const StepResult alone = RunStep(*backend, step);
+  ExpectSameResult(both.results[1], alone.results[0]);
+}
+
 TEST(CpuBackend, Bf16AndFp16LogitsMatchTheirFloatValues) {
   const int32_t vocab = 2000;
   HostLogits logits(2, vocab, 15);

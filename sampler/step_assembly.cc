@@ -71,18 +71,20 @@ std::vector<RowTask> RowTasks(const StepPlan& plan, const StepResult& result) {
   return tasks;
 }
 
-void AssembleStepResult(const StepPlan& plan, std::vector<RowOutcome>& outcomes,
+void AssembleStepResult(const StepPlan& plan, const std::vector<RowTask>& tasks,
+                        std::vector<RowOutcome>& outcomes,
                         std::vector<std::vector<float>>& prompt_logprobs, DraftPool& pool,
                         StepResult& result) {
   const Step& step = *plan.step;
-  size_t t = 0;
+  // Where each request's rows start in `outcomes` (tasks are grouped by request, in order).
+  std::vector<int64_t> first_task(plan.requests.size(), -1);
+  for (size_t t = tasks.size(); t-- > 0;) first_task[tasks[t].request] = static_cast<int64_t>(t);
   for (size_t i = 0; i < plan.requests.size(); ++i) {
     RequestResult& out = result.results[i];
-    if (!out.status.ok()) continue;
+    if (!out.status.ok() || first_task[i] < 0) continue;
     const RequestPlan& request = plan.requests[i];
     const size_t rows = request.sampled_rows.size();
-    const size_t first = t;
-    t += rows;
+    const size_t first = static_cast<size_t>(first_task[i]);
     for (size_t j = 0; j < rows; ++j) {
       if (!outcomes[first + j].status.ok()) {
         out.status = outcomes[first + j].status;

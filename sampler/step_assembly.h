@@ -6,7 +6,7 @@
 //   StepResult result = BeginStepResult(plan);
 //   TakeDecodeDrafts(plan, pool, result, &pool_entries);
 //   ... compute outcomes for RowTasks(plan, result) ...
-//   AssembleStepResult(plan, outcomes, prompt_logprobs, pool, result);
+//   AssembleStepResult(plan, tasks, outcomes, prompt_logprobs, pool, result);
 #ifndef SAMPLERD_SAMPLER_STEP_ASSEMBLY_H_
 #define SAMPLERD_SAMPLER_STEP_ASSEMBLY_H_
 
@@ -48,10 +48,12 @@ void TakeDecodeDrafts(const StepPlan& plan, DraftPool& pool, StepResult& result,
 // The sampled rows of every request still OK in `result`, in request then row order.
 std::vector<RowTask> RowTasks(const StepPlan& plan, const StepResult& result);
 
-// Fills `result` from `outcomes` (one per RowTasks entry, same order) and `prompt_logprobs`
-// (per request): a row fault fails its request; DECODE emits accepted drafts then one token;
-// DRAFT rows go into `pool` (RESOURCE_EXHAUSTED for the request that does not fit).
-void AssembleStepResult(const StepPlan& plan, std::vector<RowOutcome>& outcomes,
+// Fills `result` from `outcomes` (one per entry of `tasks`, as RowTasks gave them) and
+// `prompt_logprobs` (per request): a row fault fails its request; DECODE emits accepted drafts
+// then one token; DRAFT rows go into `pool` (RESOURCE_EXHAUSTED for the request that does not
+// fit). Requests that failed meanwhile (e.g. in a prompt row) are left as they are.
+void AssembleStepResult(const StepPlan& plan, const std::vector<RowTask>& tasks,
+                        std::vector<RowOutcome>& outcomes,
                         std::vector<std::vector<float>>& prompt_logprobs, DraftPool& pool,
                         StepResult& result);
 

@@ -1,0 +1,513 @@
+#include "cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "cuda/sampling_launch.h"
+#include "sampler/dtype.h"
+#include "sampler/status_macros.h"
+#include "sampler/step_assembly.h"
+
+namespace samplerd {
+namespace {
+
+// cudaError_t -> absl::Status, in one place.
+absl::Status CudaStatus(cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  const absl::StatusCode code =
+      (error == cudaErrorNoDevice || error == cudaErrorInsufficientDriver ||
+       error == cudaErrorDevicesUnavailable)
+          ? absl::StatusCode::kUnavailable
+          : absl::StatusCode::kInternal;
+  return absl::Status(code, absl::StrCat(what, ": ", cudaGetErrorName(error), " (",
+                                         cudaGetErrorString(error), ")"));
+}
+
+#define SAMPLERD_CUDA_RETURN(call)                                  \
+  do {                                                              \
+    const absl::Status _cuda_status = CudaStatus((call), #call);    \
+    if (!_cuda_status.ok()) return _cuda_status;                    \
+  } while (false)
+
+// Grow-only device allocation.
+class DeviceBuffer {
+ public:
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  absl::Status Reserve(size_t bytes) {
+    if (bytes <= bytes_) return absl::OkStatus();
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+    SAMPLERD_CUDA_RETURN(cudaMalloc(&ptr_, std::max<size_t>(bytes, 256)));
+    bytes_ = bytes;
+    return absl::OkStatus();
+  }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Grow-only pinned host allocation (staging for asynchronous copies).
+class PinnedBuffer {
+ public:
+  ~PinnedBuffer() {
+    if (ptr_ != nullptr) cudaFreeHost(ptr_);
+  }
+  absl::Status Reserve(size_t bytes) {
+    if (bytes <= bytes_) return absl::OkStatus();
+    if (ptr_ != nullptr) cudaFreeHost(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+    SAMPLERD_CUDA_RETURN(cudaMallocHost(&ptr_, std::max<size_t>(bytes, 256)));
+    bytes_ = bytes;
+    return absl::OkStatus();
+  }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// Jobs of one launch: bounds the workspace (jobs x V floats) whatever the prompt length.
+constexpr int kMaxJobsPerLaunch = 8192;
+
+int32_t DTypeCode(DType dtype) {
+  switch (dtype) {
+    case DType::kBFloat16:
+      return cuda::kBF16;
+    case DType::kFloat16:
+      return cuda::kF16;
+    case DType::kFloat32:
+      return cuda::kF32;
+  }
+  return cuda::kF32;
+}
+
+// A job as the host prepares it, before device pointers are known.
+struct HostJob {
+  cuda::RowJob job;
+  int32_t request;
+  int32_t index;              // sampled row index, or prompt target index
+  bool prompt;
+  const unsigned char* mask;  // host bytes, or null
+  bool verify;
+  bool draft_out;
+  std::vector<cuda::Penalty> penalties;
+};
+
+}  // namespace
+
+bool CudaDeviceUsable(int device, std::string* why) {
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) {
+    if (why != nullptr) *why = absl::StrCat("no usable CUDA driver: ", cudaGetErrorName(error));
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return false;
+  }
+  if (device < 0 || device >= count) {
+    if (why != nullptr) *why = absl::StrCat("CUDA device ", device, " not present (", count, " found)");
+    return false;
+  }
+  return true;
+}
+
+struct CudaBackend::Impl {
+  explicit Impl(const CudaBackendOptions& options) : options(options), pool(options.draft_pool) {}
+  ~Impl() {
+    if (start != nullptr) cudaEventDestroy(start);
+    if (stop != nullptr) cudaEventDestroy(stop);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+
+  absl::Status Init() {
+    SAMPLERD_CUDA_RETURN(cudaSetDevice(options.device));
+    SAMPLERD_CUDA_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    SAMPLERD_CUDA_RETURN(cudaEventCreate(&start));
+    SAMPLERD_CUDA_RETURN(cudaEventCreate(&stop));
+    cudaDeviceProp prop;
+    SAMPLERD_CUDA_RETURN(cudaGetDeviceProperties(&prop, options.device));
+    device_name = absl::StrCat(prop.name, " (sm_", prop.major, prop.minor, ", device ",
+                               options.device, ")");
+    return absl::OkStatus();
+  }
+
+  absl::Status RunJobs(const Step& step, const LogitsView& device_logits,
+                       std::vector<HostJob>& jobs, size_t begin, size_t end,
+                       std::vector<cuda::RowResult>& results, std::vector<std::vector<float>>& pool_rows,
+                       const std::vector<const float*>& q_rows_host);
+
+  const CudaBackendOptions options;
+  DraftPool pool;
+  std::string device_name;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+
+  absl::Mutex mu;  // one step at a time: buffers below are per step
+  DeviceBuffer logits, jobs_d, penalties_d, masks_d, q_d, pool_out_d, workspace, results_d;
+  PinnedBuffer staging, results_h, pool_h;
+  float kernel_us = 0.0f;
+};
+
+absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& device_logits,
+                                        std::vector<HostJob>& jobs, size_t begin, size_t end,
+                                        std::vector<cuda::RowResult>& results,
+                                        std::vector<std::vector<float>>& pool_rows,
+                                        const std::vector<const float*>& q_rows_host) {
+  const int32_t V = step.vocab_size;
+  const int n = static_cast<int>(end - begin);
+  const size_t mask_bytes = 4 * ((static_cast<size_t>(V) + 31) / 32);
+  int masks = 0, verifies = 0, draft_outs = 0;
+  std::vector<cuda::Penalty> penalties;
+  for (size_t i = begin; i < end; ++i) {
+    HostJob& h = jobs[i];
+    masks += h.mask != nullptr;
+    verifies += h.verify;
+    draft_outs += h.draft_out;
+    h.job.penalty_begin = static_cast<int32_t>(penalties.size());
+    penalties.insert(penalties.end(), h.penalties.begin(), h.penalties.end());
+    h.job.penalty_end = static_cast<int32_t>(penalties.size());
+  }
+  RETURN_IF_ERROR(jobs_d.Reserve(n * sizeof(cuda::RowJob)));
+  RETURN_IF_ERROR(penalties_d.Reserve(penalties.size() * sizeof(cuda::Penalty)));
+  RETURN_IF_ERROR(masks_d.Reserve(masks * mask_bytes));
+  RETURN_IF_ERROR(q_d.Reserve(static_cast<size_t>(verifies) * V * sizeof(float)));
+  RETURN_IF_ERROR(pool_out_d.Reserve(static_cast<size_t>(draft_outs) * V * sizeof(float)));
+  RETURN_IF_ERROR(workspace.Reserve(cuda::StepParams::WorkspaceBytes(n, V)));
+  RETURN_IF_ERROR(results_d.Reserve(n * sizeof(cuda::RowResult)));
+  RETURN_IF_ERROR(results_h.Reserve(n * sizeof(cuda::RowResult)));
+  RETURN_IF_ERROR(pool_h.Reserve(static_cast<size_t>(draft_outs) * V * sizeof(float)));
+
+  // Stage jobs, penalties, masks and draft rows in pinned memory, then one copy each.
+  const size_t job_bytes = n * sizeof(cuda::RowJob);
+  const size_t pen_bytes = penalties.size() * sizeof(cuda::Penalty);
+  const size_t q_bytes = static_cast<size_t>(verifies) * V * sizeof(float);
+  const size_t staging_bytes = job_bytes + pen_bytes + masks * mask_bytes + q_bytes + 64;
+  RETURN_IF_ERROR(staging.Reserve(staging_bytes));
+  char* stage = staging.as<char>();
+  cuda::RowJob* job_stage = reinterpret_cast<cuda::RowJob*>(stage);
+  cuda::Penalty* pen_stage = reinterpret_cast<cuda::Penalty*>(stage + job_bytes);
+  unsigned char* mask_stage = reinterpret_cast<unsigned char*>(stage + job_bytes + pen_bytes);
+  float* q_stage = reinterpret_cast<float*>(stage + job_bytes + pen_bytes + masks * mask_bytes);
+  std::memcpy(pen_stage, penalties.data(), pen_bytes);
+  int m = 0, qv = 0, po = 0;
+  for (int k = 0; k < n; ++k) {
+    HostJob& h = jobs[begin + k];
+    cuda::RowJob job = h.job;
+    job.mask = nullptr;
+    job.q_dense = nullptr;
+    job.pool_out = nullptr;
+    if (h.mask != nullptr) {
+      std::memcpy(mask_stage + m * mask_bytes, h.mask, mask_bytes);
+      job.mask = masks_d.as<unsigned char>() + m * mask_bytes;
+      ++m;
+    }
+    if (h.verify) {
+      std::memcpy(q_stage + static_cast<size_t>(qv) * V, q_rows_host[begin + k], V * sizeof(float));
+      job.q_dense = q_d.as<float>() + static_cast<size_t>(qv) * V;
+      ++qv;
+    }
+    if (h.draft_out) {
+      job.pool_out = pool_out_d.as<float>() + static_cast<size_t>(po) * V;
+      ++po;
+    }
+    job_stage[k] = job;
+  }
+  SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(jobs_d.as<void>(), job_stage, job_bytes, cudaMemcpyHostToDevice, stream));
+  if (pen_bytes > 0) {
+    SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(penalties_d.as<void>(), pen_stage, pen_bytes, cudaMemcpyHostToDevice, stream));
+  }
+  if (masks > 0) {
+    SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(masks_d.as<void>(), mask_stage, masks * mask_bytes, cudaMemcpyHostToDevice, stream));
+  }
+  if (q_bytes > 0) {
+    SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(q_d.as<void>(), q_stage, q_bytes, cudaMemcpyHostToDevice, stream));
+  }
+  SAMPLERD_CUDA_RETURN(cudaMemsetAsync(results_d.as<void>(), 0, n * sizeof(cuda::RowResult), stream));
+  float* ws = workspace.as<float>();
+  unsigned int* row_max = reinterpret_cast<unsigned int*>(ws + static_cast<size_t>(n) * V);
+  SAMPLERD_CUDA_RETURN(cudaMemsetAsync(row_max, 0, n * sizeof(unsigned int), stream));
+
+  cuda::StepParams params;
+  params.logits = device_logits.data;
+  params.dtype = DTypeCode(device_logits.dtype);
+  params.row_stride = device_logits.row_stride;
+  params.vocab_size = V;
+  params.jobs = jobs_d.as<cuda::RowJob>();
+  params.num_jobs = n;
+  params.penalties = penalties_d.as<cuda::Penalty>();
+  params.num_penalties = static_cast<int32_t>(penalties.size());
+  params.workspace = ws;
+  params.row_max = row_max;
+  params.results = results_d.as<cuda::RowResult>();
+  if (const char* invalid = params.Validate(); invalid != nullptr) {
+    return absl::InternalError(absl::StrCat("cuda step params: ", invalid));
+  }
+  SAMPLERD_CUDA_RETURN(cudaEventRecord(start, stream));
+  SAMPLERD_CUDA_RETURN(cuda::LaunchPrepareRows(params, stream));
+  SAMPLERD_CUDA_RETURN(cuda::LaunchPenalties(params, stream));
+  SAMPLERD_CUDA_RETURN(cuda::LaunchSampleRows(params, stream));
+  SAMPLERD_CUDA_RETURN(cudaEventRecord(stop, stream));
+  SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(results_h.as<void>(), results_d.as<void>(),
+                                       n * sizeof(cuda::RowResult), cudaMemcpyDeviceToHost, stream));
+  if (draft_outs > 0) {
+    SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(pool_h.as<void>(), pool_out_d.as<void>(),
+                                         static_cast<size_t>(draft_outs) * V * sizeof(float),
+                                         cudaMemcpyDeviceToHost, stream));
+  }
+  SAMPLERD_CUDA_RETURN(cudaStreamSynchronize(stream));  // this stream only, never the device
+  float ms = 0.0f;
+  SAMPLERD_CUDA_RETURN(cudaEventElapsedTime(&ms, start, stop));
+  kernel_us += ms * 1000.0f;
+  const cuda::RowResult* r = results_h.as<cuda::RowResult>();
+  results.insert(results.end(), r, r + n);
+  for (int k = 0; k < draft_outs; ++k) {
+    const float* row = pool_h.as<float>() + static_cast<size_t>(k) * V;
+    pool_rows.emplace_back(row, row + V);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBackendOptions& options) {
+  std::string why;
+  if (!CudaDeviceUsable(options.device, &why)) return absl::UnavailableError(why);
+  auto impl = std::make_unique<Impl>(options);
+  RETURN_IF_ERROR(impl->Init());
+  return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
+}
+
+CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaBackend::~CudaBackend() = default;
+
+BackendInfo CudaBackend::Info() const { return BackendInfo{"cuda", impl_->device_name}; }
+DraftPool& CudaBackend::draft_pool() { return impl_->pool; }
+float CudaBackend::last_kernel_us() const { return impl_->kernel_us; }
+
+namespace {
+
+// The penalty entries of one row: distinct tokens of prompt ∪ output (∪ extra), with counts.
+std::vector<cuda::Penalty> PenaltiesFor(const NormalizedParams& params,
+                                        const std::vector<int32_t>& prompt,
+                                        const std::vector<int32_t>& output,
+                                        const std::vector<int32_t>& extra) {
+  std::vector<cuda::Penalty> out;
+  if (!params.HasPenalties()) return out;
+  std::map<int32_t, int32_t> counts;
+  for (int32_t t : prompt) counts.emplace(t, 0);
+  for (int32_t t : output) ++counts[t];
+  for (int32_t t : extra) ++counts[t];
+  for (const auto& [token, count] : counts) {
+    out.push_back(cuda::Penalty{token, count, params.repetition_penalty, params.presence_penalty,
+                                params.frequency_penalty});
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
+  Impl& impl = *impl_;
+  absl::MutexLock lock(&impl.mu);
+  SAMPLERD_CUDA_RETURN(cudaSetDevice(impl.options.device));
+  impl.kernel_us = 0.0f;
+  const Step& step = *plan.step;
+  const int32_t V = step.vocab_size;
+  StepResult result = BeginStepResult(plan);
+  std::vector<DraftPool::Entry> pool_entries;
+  TakeDecodeDrafts(plan, impl.pool, result, &pool_entries);
+  const std::vector<RowTask> tasks = RowTasks(plan, result);
+
+  // Host jobs: the sampled rows, then the prompt rows.
+  std::vector<HostJob> jobs;
+  std::vector<std::vector<float>> q_rows;  // dense q of each verify job (host)
+  std::vector<const float*> q_ptrs;
+  for (const RowTask& task : tasks) {
+    const RequestPlan& request = plan.requests[task.request];
+    const RequestInputs& inputs = *request.inputs;
+    const SampledRow& row = request.sampled_rows[task.index];
+    HostJob h{};
+    cuda::RowJob& j = h.job;
+    j.logits_row = row.row;
+    j.temperature = request.params.temperature;
+    j.top_p = request.params.top_p;
+    j.top_k = request.params.top_k;
+    j.min_p = request.params.min_p;
+    j.top_logprobs = std::min(request.params.top_logprobs, cuda::kMaxTopLogprobs);
+    j.force_top_n = step.force_top_n;
+    j.golden = row.golden;
+    j.draft_token = -1;
+    j.target = -1;
+    j.want_sum_smaller = step.compute_sum_smaller_probs ? 1 : 0;
+    j.seed = request.seed;
+    j.position = row.position;
+    h.request = task.request;
+    h.index = task.index;
+    h.mask = row.mask;
+    const bool verify = step.kind == StepKind::kDecode && task.index < inputs.num_rows - 1;
+    j.kind = verify ? cuda::kRowVerify : cuda::kRowFresh;
+    std::vector<int32_t> extra;
+    if (step.kind == StepKind::kDecode) {
+      for (int32_t k = 0; k < task.index; ++k) {
+        if (inputs.draft_token_ids[k] >= 0) extra.push_back(inputs.draft_token_ids[k]);
+      }
+    }
+    h.penalties = PenaltiesFor(request.params, inputs.prompt_token_ids, inputs.output_token_ids, extra);
+    if (verify) {
+      h.verify = true;
+      j.draft_token = inputs.draft_token_ids[task.index];
+      std::vector<float> q(V, kNegInf);
+      const DraftDistributions& d = inputs.drafts;
+      if (d.form == DraftDistributions::Form::kDense) {
+        LoadRowAsFloat(d.values, task.index, V, q.data());
+      } else if (d.form == DraftDistributions::Form::kTopN) {
+        const int32_t n = d.values.cols;
+        std::vector<float> values(n);
+        LoadRowAsFloat(d.values, task.index, n, values.data());
+        for (int32_t i = 0; i < n; ++i) {
+          const int32_t t = d.token_ids[static_cast<size_t>(task.index) * n + i];
+          if (t >= 0 && q[t] == kNegInf) q[t] = values[i];  // the first occurrence counts
+        }
+      } else {
+        const DraftRow& pooled = pool_entries[task.request].at(task.index + 1);
+        if (pooled.token_ids.empty()) {
+          std::copy(pooled.logprobs.begin(), pooled.logprobs.end(), q.begin());
+        } else {
+          for (size_t i = 0; i < pooled.token_ids.size(); ++i) {
+            const int32_t t = pooled.token_ids[i];
+            if (t >= 0 && t < V && q[t] == kNegInf) q[t] = pooled.logprobs[i];
+          }
+        }
+      }
+      // Draft logprobs of NaN or +inf are the request's error, as on the CPU backend; they
+      // are checked where verification could read them.
+      bool bad = false;
+      for (float v : q) bad |= std::isnan(v) || v == std::numeric_limits<float>::infinity();
+      if (bad) {
+        result.results[task.request].status = absl::InvalidArgumentError(absl::StrCat(
+            RequestField(task.request), ": a draft logprob at verify row ", task.index,
+            " is NaN or +inf"));
+      }
+      q_rows.push_back(std::move(q));
+    }
+    h.draft_out = step.kind == StepKind::kDraft;
+    jobs.push_back(std::move(h));
+  }
+  std::vector<size_t> q_index(jobs.size(), 0);
+  {
+    size_t v = 0;
+    for (size_t k = 0; k < jobs.size(); ++k) {
+      if (jobs[k].verify) q_index[k] = v++;
+    }
+  }
+  const size_t num_sample_jobs = jobs.size();
+  if (step.kind == StepKind::kPrefill) {
+    for (size_t i = 0; i < plan.requests.size(); ++i) {
+      if (!result.results[i].status.ok()) continue;
+      const RequestPlan& request = plan.requests[i];
+      const RequestInputs& inputs = *request.inputs;
+      for (size_t k = 0; k < inputs.prompt_targets.size(); ++k) {
+        HostJob h{};
+        cuda::RowJob& j = h.job;
+        j.logits_row = inputs.prompt_first_row + static_cast<int32_t>(k);
+        j.kind = cuda::kRowPrompt;
+        j.temperature = request.params.temperature;
+        j.top_p = request.params.top_p;
+        j.top_k = request.params.top_k;
+        j.golden = -1;
+        j.draft_token = -1;
+        j.target = inputs.prompt_targets[k];
+        h.request = static_cast<int32_t>(i);
+        h.index = static_cast<int32_t>(k);
+        h.prompt = true;
+        jobs.push_back(std::move(h));
+      }
+    }
+  }
+  q_ptrs.resize(jobs.size(), nullptr);
+  for (size_t k = 0; k < num_sample_jobs; ++k) {
+    if (jobs[k].verify) q_ptrs[k] = q_rows[q_index[k]].data();
+  }
+
+  // Logits: host views are copied to the device once per step.
+  LogitsView device_logits = step.logits;
+  if (!step.logits.on_device && !jobs.empty()) {
+    const size_t bytes = static_cast<size_t>(step.logits.ByteExtent());
+    RETURN_IF_ERROR(impl.logits.Reserve(bytes));
+    SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(impl.logits.as<void>(), step.logits.data, bytes,
+                                         cudaMemcpyHostToDevice, impl.stream));
+    device_logits.data = impl.logits.as<void>();
+    device_logits.on_device = true;
+  }
+  std::vector<cuda::RowResult> results;
+  std::vector<std::vector<float>> pool_rows;
+  for (size_t begin = 0; begin < jobs.size(); begin += kMaxJobsPerLaunch) {
+    const size_t end = std::min(jobs.size(), begin + kMaxJobsPerLaunch);
+    RETURN_IF_ERROR(impl.RunJobs(step, device_logits, jobs, begin, end, results, pool_rows, q_ptrs));
+  }
+
+  // Outcomes of the sampled rows, and the prompt logprobs.
+  std::vector<RowOutcome> outcomes(num_sample_jobs);
+  size_t pool_row = 0;
+  auto row_error = [&](const HostJob& h, int32_t code) {
+    const int32_t logits_row = h.job.logits_row;
+    const std::string field = RequestField(h.request);
+    if (code == 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": logits row ", logits_row, " has a NaN or +inf among its first vocab_size = ",
+          V, " columns"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": logits row ", logits_row, " has no token left (every token is masked or -inf)"));
+  };
+  for (size_t k = 0; k < num_sample_jobs; ++k) {
+    const HostJob& h = jobs[k];
+    const cuda::RowResult& r = results[k];
+    RowOutcome& out = outcomes[k];
+    if (r.status != 0) {
+      out.status = row_error(h, (r.status & 1) ? 1 : 2);
+      if (h.draft_out) ++pool_row;
+      continue;
+    }
+    out.accepted = r.accepted != 0;
+    out.token = r.token;
+    out.logprob = r.logprob;
+    out.sum_smaller = r.sum_smaller;
+    if (h.job.top_logprobs > 0) {
+      out.top.token_ids.assign(r.top_ids, r.top_ids + h.job.top_logprobs);
+      out.top.logprobs.assign(r.top_logprobs, r.top_logprobs + h.job.top_logprobs);
+    }
+    if (h.draft_out) out.draft_row.logprobs = std::move(pool_rows[pool_row++]);
+  }
+  std::vector<std::vector<float>> prompt_logprobs(plan.requests.size());
+  for (size_t i = 0; i < plan.requests.size(); ++i) {
+    prompt_logprobs[i].resize(step.requests[i].prompt_targets.size());
+  }
+  for (size_t k = num_sample_jobs; k < jobs.size(); ++k) {
+    const HostJob& h = jobs[k];
+    const cuda::RowResult& r = results[k];
+    if (r.status != 0) {
+      if (result.results[h.request].status.ok()) result.results[h.request].status = row_error(h, (r.status & 1) ? 1 : 2);
+      continue;
+    }
+    prompt_logprobs[h.request][h.index] = r.prompt_logprob;
+  }
+  AssembleStepResult(plan, tasks, outcomes, prompt_logprobs, impl.pool, result);
+  return result;
+}
+
+}  // namespace samplerd
