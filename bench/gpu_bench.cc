@@ -1,0 +1,180 @@
+// GPU benchmark of the CUDA backend (run on the GPU machine; prints figures, asserts nothing).
+//
+//   gpu_bench            # every configuration
+//
+// Kernel time per step (CUDA events around the backend's launches; logits already on the
+// device), median of 50 runs after 5 warm-ups, for V = 129,280, T = 0.7, top_p = 0.95,
+// top_k = 50, top-5 logprobs: R = 1, 16 (PREFILL), 384 (DECODE, 64 x 6 rows, dense drafts) and
+// 8192 (prompt logprobs), fp32 and bf16. Each as a fraction of the HBM bandwidth measured in
+// the same run by a large device-to-device copy.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_backend.h"
+#include "sampler/dtype.h"
+#include "sampler/test_util.h"
+
+namespace samplerd {
+namespace {
+
+constexpr int32_t kVocab = 129280;
+
+#define CHECK_CUDA(call)                                                          \
+  do {                                                                            \
+    cudaError_t e = (call);                                                       \
+    if (e != cudaSuccess) {                                                       \
+      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e));             \
+      std::exit(1);                                                               \
+    }                                                                             \
+  } while (0)
+
+double CopyBandwidth() {
+  const size_t bytes = size_t{2} << 30;
+  void *a, *b;
+  CHECK_CUDA(cudaMalloc(&a, bytes));
+  CHECK_CUDA(cudaMalloc(&b, bytes));
+  CHECK_CUDA(cudaMemset(a, 1, bytes));
+  cudaEvent_t s, e;
+  cudaEventCreate(&s);
+  cudaEventCreate(&e);
+  std::vector<float> times;
+  for (int i = 0; i < 12; ++i) {
+    cudaEventRecord(s);
+    cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(e);
+    cudaEventSynchronize(e);
+    float ms;
+    cudaEventElapsedTime(&ms, s, e);
+    if (i >= 2) times.push_back(ms);
+  }
+  std::sort(times.begin(), times.end());
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * bytes / (times[times.size() / 2] * 1e-3);  // read + write bytes per second
+}
+
+SamplingParams Params(uint64_t seed) {
+  SamplingParams p;
+  p.temperature = 0.7f;
+  p.top_p = 0.95f;
+  p.top_k = 50;
+  p.top_logprobs = 5;
+  p.seq_seed = seed;
+  return p;
+}
+
+struct Config {
+  std::string name;
+  StepKind kind;
+  int rows;
+  DType dtype;
+};
+
+double MedianKernelUs(CudaBackend& gpu, const Step& step) {
+  auto plan = PlanStep(step, Limits{}, [] { return uint64_t{1}; });
+  if (!plan.ok()) {
+    std::fprintf(stderr, "plan: %s\n", std::string(plan.status().message()).c_str());
+    std::exit(1);
+  }
+  std::vector<double> us;
+  for (int i = 0; i < 55; ++i) {
+    auto result = gpu.Sample(*plan);
+    if (!result.ok() || !result->results[0].status.ok()) {
+      std::fprintf(stderr, "sample failed\n");
+      std::exit(1);
+    }
+    if (i >= 5) us.push_back(gpu.last_kernel_us());
+  }
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+int Main() {
+  auto gpu = CudaBackend::Create({});
+  if (!gpu.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(gpu.status().message()).c_str());
+    return 1;
+  }
+  const double bandwidth = CopyBandwidth();
+  std::printf("device: %s\nD2D copy bandwidth (read+write): %.0f GB/s\n",
+              (*gpu)->Info().device.c_str(), bandwidth / 1e9);
+  const std::vector<Config> configs = {
+      {"prefill R=1", StepKind::kPrefill, 1, DType::kFloat32},
+      {"prefill R=16", StepKind::kPrefill, 16, DType::kFloat32},
+      {"decode R=384 (64x6)", StepKind::kDecode, 384, DType::kFloat32},
+      {"prompt R=8192", StepKind::kPrefill, 8192, DType::kFloat32},
+      {"prefill R=1 bf16", StepKind::kPrefill, 1, DType::kBFloat16},
+      {"prefill R=16 bf16", StepKind::kPrefill, 16, DType::kBFloat16},
+      {"decode R=384 bf16", StepKind::kDecode, 384, DType::kBFloat16},
+      {"prompt R=8192 bf16", StepKind::kPrefill, 8192, DType::kBFloat16},
+  };
+  std::printf("%-22s %12s %12s %14s\n", "config", "kernel us", "GB/s read", "% of copy BW");
+  for (const Config& c : configs) {
+    HostLogits logits(c.rows, kVocab, 11, 2.0f);
+    const int elem = c.dtype == DType::kFloat32 ? 4 : 2;
+    std::vector<uint16_t> half;
+    const void* host = logits.values.data();
+    if (c.dtype == DType::kBFloat16) {
+      half.resize(logits.values.size());
+      for (size_t i = 0; i < half.size(); ++i) half[i] = FloatToBFloat16(logits.values[i]);
+      host = half.data();
+    }
+    const size_t bytes = static_cast<size_t>(c.rows) * kVocab * elem;
+    void* device;
+    CHECK_CUDA(cudaMalloc(&device, bytes));
+    CHECK_CUDA(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
+    Step step = MakeStep(c.kind, logits, kVocab);
+    step.logits.data = device;
+    step.logits.on_device = true;
+    step.logits.dtype = c.dtype;
+    HostLogits drafts(1, 1);
+    if (c.kind == StepKind::kDecode) {
+      const int q = 6, requests = c.rows / q;
+      drafts = HostLogits(requests * (q - 1), kVocab, 12, 2.0f);
+      for (size_t i = 0; i < drafts.values.size(); ++i) drafts.values[i] = -11.77f;  // ~uniform
+      for (int i = 0; i < requests; ++i) {
+        RequestInputs r;
+        r.request_id = "r" + std::to_string(i);
+        r.first_row = i * q;
+        r.num_rows = q;
+        r.sample_position = 100;
+        r.params = Params(i);
+        for (int j = 0; j < q - 1; ++j) r.draft_token_ids.push_back((i * 7919 + j * 104729) % kVocab);
+        r.drafts.form = DraftDistributions::Form::kDense;
+        LogitsView v = drafts.View();
+        v.data = drafts.Row(i * (q - 1));
+        v.rows = q - 1;
+        r.drafts.values = v;
+        step.requests.push_back(r);
+      }
+    } else if (c.rows == 8192) {
+      RequestInputs r = PrefillRequest("p", c.rows - 1, 1, c.rows);
+      r.params = Params(1);
+      r.prompt_first_row = 0;
+      for (int k = 0; k < c.rows - 1; ++k) r.prompt_targets.push_back((k * 31) % kVocab);
+      step.requests.push_back(r);
+    } else {
+      for (int r = 0; r < c.rows; ++r) {
+        RequestInputs req = PrefillRequest("r" + std::to_string(r), r, r, 100);
+        req.params = Params(r);
+        step.requests.push_back(req);
+      }
+    }
+    const double us = MedianKernelUs(**gpu, step);
+    const double gbs = bytes / (us * 1e-6) / 1e9;
+    std::printf("%-22s %12.1f %12.0f %13.1f%%\n", c.name.c_str(), us, gbs,
+                100.0 * gbs * 1e9 / bandwidth);
+    cudaFree(device);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace samplerd
+
+int main() { return samplerd::Main(); }

@@ -1,0 +1,333 @@
+// The CUDA backend against the CPU backend on the same random inputs, over every feature
+// (SPEC 8: tokens identical except within 1e-6 of an interval edge, processed logprobs within
+// 1e-5), plus bitwise repeatability and batch invariance on the GPU. Tagged `gpu`.
+#include "cuda/cuda_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "sampler/cpu_backend.h"
+#include "sampler/test_util.h"
+
+namespace samplerd {
+namespace {
+
+std::unique_ptr<CudaBackend> Gpu() {
+  auto gpu = CudaBackend::Create({});
+  EXPECT_TRUE(gpu.ok()) << gpu.status();
+  return gpu.ok() ? std::move(*gpu) : nullptr;
+}
+
+std::unique_ptr<CpuBackend> Cpu() {
+  auto cpu = CpuBackend::Create({});
+  return std::move(*cpu);
+}
+
+StepResult RunStep(Backend& backend, const Step& step) {
+  auto plan = PlanStep(step, Limits{}, [] { return uint64_t{9}; });
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  auto result = backend.Sample(*plan);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return std::move(*result);
+}
+
+struct Tally {
+  int requests = 0, token_mismatches = 0, compared_logprobs = 0;
+};
+
+// CPU vs CUDA: equal status codes; equal tokens except rare boundary cases (counted); logprobs
+// of equal tokens within 1e-5 (values >= -20).
+void Compare(const StepResult& cpu, const StepResult& gpu, Tally& tally, const std::string& what) {
+  ASSERT_EQ(cpu.results.size(), gpu.results.size()) << what;
+  for (size_t i = 0; i < cpu.results.size(); ++i) {
+    const RequestResult& a = cpu.results[i];
+    const RequestResult& b = gpu.results[i];
+    SCOPED_TRACE(what + " request " + std::to_string(i));
+    ASSERT_EQ(a.status.code(), b.status.code()) << a.status << " vs " << b.status;
+    EXPECT_EQ(a.status.message(), b.status.message());
+    EXPECT_EQ(a.seq_seed, b.seq_seed);
+    ++tally.requests;
+    if (!a.status.ok()) continue;
+    if (a.token_ids != b.token_ids || a.num_accepted != b.num_accepted) {
+      ++tally.token_mismatches;
+      continue;
+    }
+    auto near = [&](float x, float y) {
+      if (std::isinf(x) || std::isinf(y)) return x == y;
+      if (x < -20.0f && y < -20.0f) return true;
+      return std::fabs(x - y) <= 1e-5f;
+    };
+    for (size_t k = 0; k < a.logprobs.size(); ++k) {
+      EXPECT_TRUE(near(a.logprobs[k], b.logprobs[k])) << a.logprobs[k] << " vs " << b.logprobs[k];
+      ++tally.compared_logprobs;
+    }
+    ASSERT_EQ(a.top_logprobs.size(), b.top_logprobs.size());
+    for (size_t k = 0; k < a.top_logprobs.size(); ++k) {
+      for (size_t r = 0; r < a.top_logprobs[k].token_ids.size(); ++r) {
+        // Ranks with equal-to-rounding logprobs may swap; compare values, ids where distinct.
+        EXPECT_TRUE(near(a.top_logprobs[k].logprobs[r], b.top_logprobs[k].logprobs[r]));
+      }
+    }
+    ASSERT_EQ(a.sum_smaller_probs.size(), b.sum_smaller_probs.size());
+    for (size_t k = 0; k < a.sum_smaller_probs.size(); ++k) {
+      EXPECT_NEAR(a.sum_smaller_probs[k], b.sum_smaller_probs[k], 1e-5);
+    }
+    ASSERT_EQ(a.prompt_logprobs.size(), b.prompt_logprobs.size());
+    for (size_t k = 0; k < a.prompt_logprobs.size(); ++k) {
+      EXPECT_TRUE(near(a.prompt_logprobs[k], b.prompt_logprobs[k]))
+          << k << ": " << a.prompt_logprobs[k] << " vs " << b.prompt_logprobs[k];
+    }
+  }
+}
+
+std::vector<SamplingParams> ParamSets() {
+  std::vector<SamplingParams> sets;
+  SamplingParams p;
+  sets.push_back(p);                                  // full vocabulary
+  p.temperature = 0.7f; p.top_p = 0.95f; p.top_k = 50; p.top_logprobs = 5;
+  sets.push_back(p);                                  // the benchmark's
+  p = {}; p.top_p = 0.9f; p.temperature = 1.2f; sets.push_back(p);   // top-p alone
+  p = {}; p.top_k = 300; p.top_logprobs = 64; sets.push_back(p);      // large top-k
+  p = {}; p.min_p = 0.05f; p.top_logprobs = 3; sets.push_back(p);     // min-p alone
+  p = {}; p.temperature = 0.0f; sets.push_back(p);                    // "greedy"
+  p = {}; p.repetition_penalty = 1.3f; p.presence_penalty = 0.5f; p.frequency_penalty = -0.3f;
+  p.top_k = 20; sets.push_back(p);                                    // penalties
+  return sets;
+}
+
+Step PrefillStep(const HostLogits& logits, int32_t vocab, int rows, uint64_t seed,
+                 const SamplingParams& params, int32_t force_top_n, bool masks,
+                 std::vector<std::string>* mask_storage) {
+  Step step = MakeStep(StepKind::kPrefill, logits, vocab);
+  step.force_top_n = force_top_n;
+  step.compute_sum_smaller_probs = true;
+  std::mt19937_64 rng(seed);
+  for (int r = 0; r < rows; ++r) {
+    RequestInputs req = PrefillRequest("r" + std::to_string(r), r, seed * 1000 + r, 50 + r);
+    req.params = params;
+    req.params.seq_seed = seed * 1000 + r;
+    req.prompt_token_ids = {static_cast<int32_t>(rng() % vocab), static_cast<int32_t>(rng() % vocab)};
+    req.output_token_ids = {static_cast<int32_t>(rng() % vocab), static_cast<int32_t>(rng() % vocab),
+                            static_cast<int32_t>(rng() % vocab)};
+    if (masks && r % 2 == 0) {
+      std::vector<int32_t> allowed;
+      for (int32_t t = 0; t < vocab; ++t) {
+        if (rng() % 3 != 0) allowed.push_back(t);
+      }
+      mask_storage->push_back(MaskOf(vocab, allowed));
+    }
+    step.requests.push_back(req);
+  }
+  if (masks) {
+    size_t m = 0;
+    for (int r = 0; r < rows; r += 2) step.requests[r].allowed_token_masks = {(*mask_storage)[m++]};
+  }
+  return step;
+}
+
+TEST(CudaBackend, PrefillMatchesCpuOverEveryFeature) {
+  auto gpu = Gpu();
+  ASSERT_NE(gpu, nullptr);
+  auto cpu = Cpu();
+  Tally tally;
+  uint64_t seed = 1;
+  for (int32_t vocab : {37, 1000, 32000, 129280}) {
+    for (const SamplingParams& params : ParamSets()) {
+      for (int32_t force : {0, 64}) {
+        for (bool masks : {false, true}) {
+          const int rows = vocab > 50000 ? 4 : 8;
+          HostLogits logits(rows, vocab + 5, seed, 2.5f);
+          for (int r = 0; r < rows; ++r) {
+            for (int c = vocab; c < vocab + 5; ++c) logits.Row(r)[c] = std::nanf("");
+          }
+          std::vector<std::string> mask_storage;
+          mask_storage.reserve(rows);
+          const Step step = PrefillStep(logits, vocab, rows, seed, params,
+                                        force < vocab ? force : 0, masks, &mask_storage);
+          Compare(RunStep(*cpu, step), RunStep(*gpu, step), tally,
+                  "V=" + std::to_string(vocab) + " seed=" + std::to_string(seed));
+          ++seed;
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+  std::printf("prefill: %d requests, %d token mismatches, %d logprobs compared\n", tally.requests,
+              tally.token_mismatches, tally.compared_logprobs);
+  // Boundary cases (u within ~1e-6 of an interval edge) are allowed, and must stay rare.
+  EXPECT_LE(tally.token_mismatches, tally.requests / 100 + 1);
+}
+
+TEST(CudaBackend, Bf16Fp16PromptLogprobsGoldenAndNanMatchCpu) {
+  auto gpu = Gpu();
+  ASSERT_NE(gpu, nullptr);
+  auto cpu = Cpu();
+  Tally tally;
+  const int32_t vocab = 32000, prompt = 40;
+  HostLogits logits(prompt + 3, vocab, 77, 2.0f);
+  logits.Row(prompt + 2)[17] = std::nanf("");  // request 2's sampled row
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    std::vector<uint16_t> half(logits.values.size());
+    Step step = MakeStep(StepKind::kPrefill, logits, vocab);
+    if (dtype != DType::kFloat32) {
+      for (size_t i = 0; i < half.size(); ++i) {
+        half[i] = dtype == DType::kBFloat16 ? FloatToBFloat16(logits.values[i]) : FloatToHalf(logits.values[i]);
+      }
+      step.logits.dtype = dtype;
+      step.logits.data = half.data();
+    }
+    RequestInputs a = PrefillRequest("a", prompt, 5);
+    a.prompt_first_row = 0;
+    for (int k = 0; k < prompt; ++k) a.prompt_targets.push_back((k * 131) % vocab);
+    a.params.temperature = 0.8f;
+    a.params.top_p = 0.9f;
+    a.params.top_k = 100;
+    RequestInputs b = PrefillRequest("b", prompt + 1, 6);
+    b.golden_token_ids = {1234};
+    b.params.top_logprobs = 4;
+    RequestInputs c = PrefillRequest("c", prompt + 2, 7);
+    step.requests = {a, b, c};
+    const StepResult on_cpu = RunStep(*cpu, step);
+    const StepResult on_gpu = RunStep(*gpu, step);
+    Compare(on_cpu, on_gpu, tally, std::string("dtype ") + DTypeName(dtype));
+    EXPECT_EQ(on_gpu.results[1].token_ids, std::vector<int32_t>{1234});
+    EXPECT_EQ(on_gpu.results[2].status.code(), absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(tally.token_mismatches, 0);
+}
+
+TEST(CudaBackend, DecodeAndDraftMatchCpu) {
+  auto gpu = Gpu();
+  ASSERT_NE(gpu, nullptr);
+  auto cpu = Cpu();
+  Tally tally;
+  const int32_t vocab = 32000, requests = 6, q = 4;
+  for (int form = 0; form < 3; ++form) {  // dense, top-N, pool
+    for (uint64_t seed = 0; seed < 3; ++seed) {
+      HostLogits target(requests * q, vocab, 100 + seed, 2.0f);
+      HostLogits draft_logits(requests * (q - 1), vocab, 200 + seed, 2.0f);
+      // Drafts resemble the target, so some are accepted.
+      for (size_t i = 0; i < draft_logits.values.size(); ++i) {
+        const int r = static_cast<int>(i / vocab), c = static_cast<int>(i % vocab);
+        const int req = r / (q - 1), j = r % (q - 1);
+        draft_logits.values[i] = target.Row(req * q + j)[c] + 0.5f * draft_logits.values[i] / 2.0f;
+      }
+      SamplingParams params;
+      params.temperature = 0.9f;
+      params.top_k = 40;
+      params.top_p = 0.95f;
+      params.top_logprobs = 2;
+      // The draft model's processed distributions: a DRAFT step on each backend (pool form), or
+      // sent as dense / top-N rows taken from the CPU's DRAFT answer's pool entries.
+      Step draft = MakeStep(StepKind::kDraft, draft_logits, vocab);
+      for (int i = 0; i < requests; ++i) {
+        RequestInputs d;
+        d.request_id = "r" + std::to_string(i);
+        for (int j = 0; j < q - 1; ++j) {
+          d.rows.push_back(i * (q - 1) + j);
+          d.draft_indices.push_back(j + 1);
+        }
+        d.params = params;
+        d.params.seq_seed = seed * 10 + i;
+        d.sample_position = 70;
+        draft.requests.push_back(d);
+      }
+      const StepResult cpu_draft = RunStep(*cpu, draft);
+      const StepResult gpu_draft = RunStep(*gpu, draft);
+      Compare(cpu_draft, gpu_draft, tally, "draft");
+      std::vector<HostLogits> dense;
+      std::vector<HostLogits> topn_values;
+      std::vector<std::vector<int32_t>> topn_ids(requests);
+      dense.reserve(requests);
+      topn_values.reserve(requests);
+      if (form != 2) {
+        auto entries = std::vector<DraftPool::Entry>();
+        for (int i = 0; i < requests; ++i) {
+          auto e = cpu->draft_pool().Take("r" + std::to_string(i));
+          ASSERT_TRUE(e.ok());
+          dense.emplace_back(q - 1, vocab);
+          topn_values.emplace_back(q - 1, 8);
+          for (int j = 0; j < q - 1; ++j) {
+            const std::vector<float>& lp = e->at(j + 1).logprobs;
+            std::copy(lp.begin(), lp.end(), dense.back().Row(j));
+            std::vector<int32_t> ids(vocab);
+            for (int32_t t = 0; t < vocab; ++t) ids[t] = t;
+            std::partial_sort(ids.begin(), ids.begin() + 8, ids.end(),
+                              [&](int32_t x, int32_t y) { return lp[x] > lp[y] || (lp[x] == lp[y] && x < y); });
+            for (int k = 0; k < 8; ++k) {
+              topn_values.back().Row(j)[k] = lp[ids[k]];
+              topn_ids[i].push_back(ids[k]);
+            }
+          }
+          gpu->draft_pool().Release("r" + std::to_string(i));
+        }
+      }
+      Step decode = MakeStep(StepKind::kDecode, target, vocab);
+      decode.compute_sum_smaller_probs = true;
+      for (int i = 0; i < requests; ++i) {
+        RequestInputs r;
+        r.request_id = "r" + std::to_string(i);
+        r.first_row = i * q;
+        r.num_rows = q;
+        r.sample_position = 71;
+        r.params = params;
+        r.params.seq_seed = seed * 10 + i;
+        r.draft_token_ids = cpu_draft.results[i].token_ids;
+        r.output_token_ids = {1, 2, 3};
+        if (form == 0) {
+          r.drafts.form = DraftDistributions::Form::kDense;
+          r.drafts.values = dense[i].View();
+        } else if (form == 1) {
+          r.drafts.form = DraftDistributions::Form::kTopN;
+          r.drafts.values = topn_values[i].View();
+          r.drafts.token_ids = topn_ids[i];
+        }
+        decode.requests.push_back(r);
+      }
+      Compare(RunStep(*cpu, decode), RunStep(*gpu, decode), tally,
+              "decode form " + std::to_string(form) + " seed " + std::to_string(seed));
+      if (HasFatalFailure()) return;
+    }
+  }
+  std::printf("decode/draft: %d requests, %d token mismatches\n", tally.requests,
+              tally.token_mismatches);
+  EXPECT_LE(tally.token_mismatches, 1);
+}
+
+TEST(CudaBackend, BitwiseRepeatableAndBatchInvariant) {
+  auto gpu = Gpu();
+  ASSERT_NE(gpu, nullptr);
+  const int32_t vocab = 129280;
+  HostLogits logits(16, vocab, 5, 2.0f);
+  std::vector<std::string> masks;
+  SamplingParams params;
+  params.temperature = 0.7f;
+  params.top_p = 0.95f;
+  params.top_k = 50;
+  params.top_logprobs = 5;
+  const Step step = PrefillStep(logits, vocab, 16, 3, params, 0, false, &masks);
+  const StepResult a = RunStep(*gpu, step);
+  const StepResult b = RunStep(*gpu, step);
+  for (size_t i = 0; i < a.results.size(); ++i) {
+    EXPECT_EQ(a.results[i].token_ids, b.results[i].token_ids);
+    EXPECT_EQ(0, std::memcmp(a.results[i].logprobs.data(), b.results[i].logprobs.data(),
+                             a.results[i].logprobs.size() * 4));
+    EXPECT_EQ(0, std::memcmp(a.results[i].sum_smaller_probs.data(),
+                             b.results[i].sum_smaller_probs.data(),
+                             a.results[i].sum_smaller_probs.size() * 4));
+    Step alone = step;
+    alone.requests = {step.requests[i]};
+    const StepResult single = RunStep(*gpu, alone);
+    EXPECT_EQ(single.results[0].token_ids, a.results[i].token_ids);
+    EXPECT_EQ(0, std::memcmp(single.results[0].logprobs.data(), a.results[i].logprobs.data(),
+                             a.results[i].logprobs.size() * 4));
+    ASSERT_EQ(single.results[0].top_logprobs.size(), 1u);
+    EXPECT_EQ(single.results[0].top_logprobs[0].token_ids, a.results[i].top_logprobs[0].token_ids);
+  }
+}
+
+}  // namespace
+}  // namespace samplerd

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Builds the GPU tests and benchmarks here and packs them for the GPU machine (device-pack).
+# Then, on the GPU machine (one `device` call, carrying .device-pack):
+#   bash scripts/gpu_check.sh run
+# runs the gpu-tagged tests, the GPU benchmark and the PyTorch baseline, and prints a table.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [[ ${1:-} == run ]]; then
+  source .device-pack/env.sh
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  status=0
+  .device-pack/bin/cuda_backend_test || status=$?
+  .device-pack/bin/gpu_bench || status=$?
+  python3 bench/torch_baseline.py || status=$?
+  exit $status
+fi
+bazel build -c opt //cuda:cuda_backend_test //bench:gpu_bench //server:samplerd //client:samplerctl //tests:fake_worker
+grep -qx '/.device-pack/' .git/info/exclude 2>/dev/null || echo '/.device-pack/' >> .git/info/exclude
+rm -rf .device-pack
+../shared/tools/device-pack .device-pack bazel-bin/cuda/cuda_backend_test bazel-bin/bench/gpu_bench \
+  bazel-bin/server/samplerd bazel-bin/client/samplerctl bazel-bin/tests/fake_worker
