@@ -94,7 +94,8 @@ double MedianKernelUs(CudaBackend& gpu, const Step& step) {
   return us[us.size() / 2];
 }
 
-int Main() {
+int Main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
   auto gpu = CudaBackend::Create({});
   if (!gpu.ok()) {
     std::fprintf(stderr, "%s\n", std::string(gpu.status().message()).c_str());
@@ -115,6 +116,7 @@ int Main() {
   };
   std::printf("%-22s %12s %12s %14s\n", "config", "kernel us", "GB/s read", "% of copy BW");
   for (const Config& c : configs) {
+    if (quick && c.rows > 16) continue;
     HostLogits logits(c.rows, kVocab, 11, 2.0f);
     const int elem = c.dtype == DType::kFloat32 ? 4 : 2;
     std::vector<uint16_t> half;
@@ -166,9 +168,18 @@ int Main() {
       }
     }
     const double us = MedianKernelUs(**gpu, step);
+    std::string stages;
+    for (int flags : quick ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0}) {
+      (*gpu)->set_stage_timing(true, flags);
+      MedianKernelUs(**gpu, step);
+      (*gpu)->set_stage_timing(false);
+      stages += " [";
+      for (double t : (*gpu)->last_stage_us()) stages += " " + std::to_string(static_cast<int>(t * 10) / 10.0).substr(0, 4);
+      stages += "]";
+    }
     const double gbs = bytes / (us * 1e-6) / 1e9;
-    std::printf("%-22s %12.1f %12.0f %13.1f%%\n", c.name.c_str(), us, gbs,
-                100.0 * gbs * 1e9 / bandwidth);
+    std::printf("%-22s %12.1f %12.0f %13.1f%%   stages(us: load max zloop red+pick collect gather finish):%s\n", c.name.c_str(), us, gbs,
+                100.0 * gbs * 1e9 / bandwidth, stages.c_str());
     cudaFree(device);
   }
   return 0;
@@ -177,4 +188,4 @@ int Main() {
 }  // namespace
 }  // namespace samplerd
 
-int main() { return samplerd::Main(); }
+int main(int argc, char** argv) { return samplerd::Main(argc, argv); }

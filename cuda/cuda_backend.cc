@@ -162,6 +162,10 @@ struct CudaBackend::Impl {
   DeviceBuffer logits, jobs_d, penalties_d, masks_d, q_d, pool_out_d, workspace, results_d;
   PinnedBuffer staging, results_h, pool_h;
   float kernel_us = 0.0f;
+  bool stage_timing = false;
+  int debug_flags = 0;
+  DeviceBuffer stage_d;
+  std::vector<double> stage_us;
 };
 
 absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& device_logits,
@@ -255,13 +259,25 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
   params.workspace = ws;
   params.row_max = row_max;
   params.results = results_d.as<cuda::RowResult>();
+  if (stage_timing) {
+    RETURN_IF_ERROR(stage_d.Reserve(9 * sizeof(unsigned long long)));
+    SAMPLERD_CUDA_RETURN(cudaMemsetAsync(stage_d.as<void>(), 0, 9 * sizeof(unsigned long long), stream));
+    params.debug_flags = debug_flags;
+    params.stage_times = stage_d.as<unsigned long long>();
+  }
   if (const char* invalid = params.Validate(); invalid != nullptr) {
     return absl::InternalError(absl::StrCat("cuda step params: ", invalid));
   }
   SAMPLERD_CUDA_RETURN(cudaEventRecord(start, stream));
-  SAMPLERD_CUDA_RETURN(cuda::LaunchPrepareRows(params, stream));
-  SAMPLERD_CUDA_RETURN(cuda::LaunchPenalties(params, stream));
-  SAMPLERD_CUDA_RETURN(cuda::LaunchSampleRows(params, stream));
+  if (cuda::FusedPathFits(V)) {
+    // One read of each row by a cluster of blocks, which also runs the general algorithm for
+    // the rows its candidates cannot finish.
+    SAMPLERD_CUDA_RETURN(cuda::LaunchFusedRows(params, stream));
+  } else {
+    SAMPLERD_CUDA_RETURN(cuda::LaunchPrepareRows(params, stream));
+    SAMPLERD_CUDA_RETURN(cuda::LaunchPenalties(params, stream));
+    SAMPLERD_CUDA_RETURN(cuda::LaunchSampleRows(params, stream));
+  }
   SAMPLERD_CUDA_RETURN(cudaEventRecord(stop, stream));
   SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(results_h.as<void>(), results_d.as<void>(),
                                        n * sizeof(cuda::RowResult), cudaMemcpyDeviceToHost, stream));
@@ -271,6 +287,12 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
                                          cudaMemcpyDeviceToHost, stream));
   }
   SAMPLERD_CUDA_RETURN(cudaStreamSynchronize(stream));  // this stream only, never the device
+  if (stage_timing) {
+    unsigned long long t[9];
+    SAMPLERD_CUDA_RETURN(cudaMemcpy(t, stage_d.as<void>(), sizeof(t), cudaMemcpyDeviceToHost));
+    stage_us.clear();
+    for (int k : {1, 2, 7, 3, 4, 5, 6}) stage_us.push_back(t[k] >= t[0] ? (t[k] - t[0]) * 1e-3 : -1.0);
+  }
   float ms = 0.0f;
   SAMPLERD_CUDA_RETURN(cudaEventElapsedTime(&ms, start, stop));
   kernel_us += ms * 1000.0f;
@@ -297,6 +319,11 @@ CudaBackend::~CudaBackend() = default;
 BackendInfo CudaBackend::Info() const { return BackendInfo{"cuda", impl_->device_name}; }
 DraftPool& CudaBackend::draft_pool() { return impl_->pool; }
 float CudaBackend::last_kernel_us() const { return impl_->kernel_us; }
+void CudaBackend::set_stage_timing(bool on, int debug_flags) {
+  impl_->stage_timing = on;
+  impl_->debug_flags = debug_flags;
+}
+std::vector<double> CudaBackend::last_stage_us() const { return impl_->stage_us; }
 
 namespace {
 

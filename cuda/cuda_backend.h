@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "sampler/backend.h"
@@ -43,6 +44,10 @@ class CudaBackend final : public Backend {
 
   // Kernel time of the last step, in microseconds (CUDA events around the launches).
   float last_kernel_us() const;
+  // Benchmarks: record the fused kernel's stage times (ns since its start) of the next steps.
+  // `debug_flags`: see cuda::StepParams::debug_flags (timing experiments only).
+  void set_stage_timing(bool on, int debug_flags = 0);
+  std::vector<double> last_stage_us() const;
 
  private:
   struct Impl;

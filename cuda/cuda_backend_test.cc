@@ -161,6 +161,25 @@ TEST(CudaBackend, PrefillMatchesCpuOverEveryFeature) {
   EXPECT_LE(tally.token_mismatches, tally.requests / 100 + 1);
 }
 
+TEST(CudaBackend, VocabularyTooWideForTheFusedPathMatchesCpu) {
+  // 400,000 columns do not fit a cluster's shared memory: the three-kernel path runs.
+  auto gpu = Gpu();
+  ASSERT_NE(gpu, nullptr);
+  auto cpu = Cpu();
+  Tally tally;
+  const int32_t vocab = 400000;
+  HostLogits logits(3, vocab, 91, 2.5f);
+  std::vector<std::string> masks;
+  masks.reserve(3);
+  int k = 0;
+  for (const SamplingParams& params : ParamSets()) {
+    const Step step = PrefillStep(logits, vocab, 3, 500 + k++, params, 0, true, &masks);
+    Compare(RunStep(*cpu, step), RunStep(*gpu, step), tally, "V=400000");
+    masks.clear();
+  }
+  EXPECT_LE(tally.token_mismatches, 1);
+}
+
 TEST(CudaBackend, Bf16Fp16PromptLogprobsGoldenAndNanMatchCpu) {
   auto gpu = Gpu();
   ASSERT_NE(gpu, nullptr);

@@ -3,6 +3,8 @@
 #include <cfloat>
 #include <cmath>
 
+#include <cooperative_groups.h>
+
 #include "cuda/sampling_kernels.cuh"
 
 namespace samplerd {
@@ -68,8 +70,9 @@ struct Shared {
   unsigned int hist_count[kDistanceBins];
   unsigned long long hist_mass[kDistanceBins];
   int cand_id[kCandidateCapacity];
-  float cand_s[kCandidateCapacity];
-  double cum[kCandidateCapacity];  // inclusive prefix of weights in list order
+  float cand_s[kCandidateCapacity];    // the candidate's score s
+  float cand_key[kCandidateCapacity];  // the sort key (s, or a residual's float image)
+  double cum[kCandidateCapacity];      // inclusive prefix of weights in list order
   float scratch_f[32];
   double scratch_d[32];
   int scratch_i[32];
@@ -173,12 +176,13 @@ __device__ void RadixSelect(Shared& sh, int V, WeightFn weight_of, unsigned long
   __syncthreads();
 }
 
-// Bitonic sort of sh.cand_* [0, n) by (score desc, id asc); n padded to a power of two with
-// (-inf, INT_MAX) sentinels.
+// Bitonic sort of sh.cand_* [0, n) by (cand_key desc, id asc), carrying cand_s; n is padded
+// to a power of two with (-inf, INT_MAX) sentinels.
 __device__ void SortCandidates(Shared& sh, int n) {
   int size = 1;
   while (size < n) size <<= 1;
   for (int i = n + threadIdx.x; i < size; i += blockDim.x) {
+    sh.cand_key[i] = kNegInf;
     sh.cand_s[i] = kNegInf;
     sh.cand_id[i] = 0x7FFFFFFF;
   }
@@ -188,12 +192,15 @@ __device__ void SortCandidates(Shared& sh, int n) {
       for (int i = threadIdx.x; i < size; i += blockDim.x) {
         const int partner = i ^ j;
         if (partner > i) {
-          const float si = sh.cand_s[i], sp = sh.cand_s[partner];
+          const float ki = sh.cand_key[i], kp = sh.cand_key[partner];
           const int ii = sh.cand_id[i], ip = sh.cand_id[partner];
-          const bool i_first = si > sp || (si == sp && ii < ip);
-          const bool ascending = (i & k) == 0;  // "ascending" = best first here
-          if (i_first != ascending) {
-            sh.cand_s[i] = sp;
+          const bool i_first = ki > kp || (ki == kp && ii < ip);
+          const bool best_first = (i & k) == 0;
+          if (i_first != best_first) {
+            sh.cand_key[i] = kp;
+            sh.cand_key[partner] = ki;
+            const float si = sh.cand_s[i];
+            sh.cand_s[i] = sh.cand_s[partner];
             sh.cand_s[partner] = si;
             sh.cand_id[i] = ip;
             sh.cand_id[partner] = ii;
@@ -236,14 +243,147 @@ __device__ int FirstExceeding(Shared& sh, int n, double target) {
   return out;
 }
 
-__global__ void __launch_bounds__(kSampleThreads) SampleRowsKernel(StepParams p) {
-  __shared__ Shared sh;
-  const int j = blockIdx.x;
+// The rest of SPEC 3 and all of SPEC 5-7 for a row whose kept set (and top logprobs) lie in
+// the candidates sh.cand_id/cand_s [0, n_cand), a prefix of the order: sort, top-p (over the
+// full Z), top-k, min-p, log_softmax, then the draw or verification, and the outputs.
+__device__ void FinishCandidates(Shared& sh, const RowJob& job, RowResult& out, int V, float M,
+                                 double Z, int n_cand) {
+  const bool prompt = job.kind == kRowPrompt;
+  const bool top_k = job.top_k > 0 && job.top_k < V;
+  const bool top_p = job.top_p < 1.0f;
+  const float min_p = prompt ? 0.0f : job.min_p;
+  for (int i = threadIdx.x; i < n_cand; i += blockDim.x) sh.cand_key[i] = sh.cand_s[i];
+  __syncthreads();
+  SortCandidates(sh, n_cand);
+  int kept = n_cand;
+  PrefixSums(sh, n_cand, [&](int i) { return static_cast<double>(expf(sh.cand_s[i] - M)); });
+  if (top_p) {
+    if (threadIdx.x == 0) sh.count = n_cand;
+    __syncthreads();
+    const double limit = static_cast<double>(job.top_p);
+    for (int i = threadIdx.x; i < n_cand; i += blockDim.x) {
+      const double before = i > 0 ? sh.cum[i - 1] : 0.0;
+      if (before / Z > limit) atomicMin(&sh.count, i);
+    }
+    __syncthreads();
+    kept = sh.count;
+    __syncthreads();
+  }
+  if (top_k) kept = min(kept, job.top_k);
+  if (min_p > 0.0f) {
+    if (threadIdx.x == 0) sh.count = kept;
+    __syncthreads();
+    for (int i = threadIdx.x; i < kept; i += blockDim.x) {
+      if (i > 0 && expf(sh.cand_s[i] - M) < min_p) atomicMin(&sh.count, i);
+    }
+    __syncthreads();
+    kept = sh.count;
+    __syncthreads();
+  }
+  const double Zk = PrefixSums(sh, kept, [&](int i) { return static_cast<double>(expf(sh.cand_s[i] - M)); });
+  const double log_zk = log(Zk);
+  auto index_of = [&](int t) -> int {
+    if (threadIdx.x == 0) sh.count = -1;
+    __syncthreads();
+    for (int i = threadIdx.x; i < kept; i += blockDim.x) {
+      if (sh.cand_id[i] == t) sh.count = i;
+    }
+    __syncthreads();
+    const int r = sh.count;
+    __syncthreads();
+    return r;
+  };
+  auto lp_at = [&](int i) {
+    return static_cast<float>(static_cast<double>(sh.cand_s[i]) - M - log_zk);
+  };
+  int token = -1, accepted = 0;
+  float logprob = kNegInf, sum_smaller = 0.0f, prompt_lp = kNegInf;
+  if (prompt) {
+    const int i = index_of(job.target);
+    prompt_lp = i >= 0 ? lp_at(i) : kNegInf;
+  } else {
+    if (job.kind == kRowVerify && job.golden < 0) {
+      const int d = job.draft_token;
+      const int i = d >= 0 ? index_of(d) : -1;
+      const double p_d = i >= 0 ? static_cast<double>(expf(sh.cand_s[i] - M)) / Zk : 0.0;
+      const double q_d = d >= 0 ? exp(static_cast<double>(job.q_dense[d])) : 0.0;
+      const double u = Uniform(job.seed, 3 * job.position + 2);
+      accepted = d >= 0 && q_d > 0.0 && u < p_d / q_d;
+      if (accepted) {
+        token = d;
+      } else {
+        // Residual max(0, p - q) over the kept set, in the order (residual desc, id asc).
+        auto residual = [&](int i) {
+          const double r = static_cast<double>(expf(sh.cand_s[i] - M)) / Zk -
+                           exp(static_cast<double>(job.q_dense[sh.cand_id[i]]));
+          return r > 0.0 ? r : 0.0;
+        };
+        for (int i = threadIdx.x; i < kept; i += blockDim.x) {
+          const double r = residual(i);
+          sh.cand_key[i] = r > 0.0 ? static_cast<float>(r) : kNegInf;
+        }
+        __syncthreads();
+        SortCandidates(sh, kept);
+        int positive = 0;
+        for (int i = threadIdx.x; i < kept; i += blockDim.x) positive += sh.cand_key[i] != kNegInf;
+        positive = BlockReduce(positive, SumOp(), sh.scratch_i);
+        const double u_r = Uniform(job.seed, 3 * job.position + 1);
+        if (positive > 0) {
+          const double total = PrefixSums(sh, positive, residual);
+          token = sh.cand_id[FirstExceeding(sh, positive, u_r * total)];
+        }
+        // Back to the target's order for the outputs (and for a draw from p).
+        for (int i = threadIdx.x; i < kept; i += blockDim.x) sh.cand_key[i] = sh.cand_s[i];
+        __syncthreads();
+        SortCandidates(sh, kept);
+        PrefixSums(sh, kept, [&](int i) { return static_cast<double>(expf(sh.cand_s[i] - M)); });
+        if (positive == 0) token = sh.cand_id[FirstExceeding(sh, kept, u_r * Zk)];
+      }
+    } else if (job.golden >= 0) {
+      token = job.golden;
+      accepted = job.kind == kRowVerify && job.draft_token == job.golden;
+    } else {
+      const double u = Uniform(job.seed, 3 * job.position + 0);
+      token = sh.cand_id[FirstExceeding(sh, kept, u * Zk)];
+    }
+    const int ti = index_of(token);
+    logprob = ti >= 0 ? lp_at(ti) : kNegInf;
+    if (job.want_sum_smaller && ti >= 0) {
+      const float pivot = sh.cand_s[ti];
+      double local = 0.0;
+      for (int i = threadIdx.x; i < kept; i += blockDim.x) {
+        const float s = sh.cand_s[i];
+        if (s < pivot || (s == pivot && sh.cand_id[i] <= token)) local += expf(s - M);
+      }
+      sum_smaller = static_cast<float>(BlockReduce(local, SumOp(), sh.scratch_d) / Zk);
+    }
+    for (int i = threadIdx.x; i < job.top_logprobs; i += blockDim.x) {
+      out.top_ids[i] = i < kept ? sh.cand_id[i] : -1;
+      out.top_logprobs[i] = i < kept ? lp_at(i) : kNegInf;
+    }
+    if (job.pool_out != nullptr) {
+      for (int c = threadIdx.x; c < V; c += blockDim.x) job.pool_out[c] = kNegInf;
+      __syncthreads();
+      for (int i = threadIdx.x; i < kept; i += blockDim.x) job.pool_out[sh.cand_id[i]] = lp_at(i);
+    }
+  }
+  if (threadIdx.x == 0) {
+    out.token = token;
+    out.accepted = accepted;
+    out.logprob = logprob;
+    out.sum_smaller = sum_smaller;
+    out.prompt_logprob = prompt_lp;
+  }
+}
+
+// The general algorithm for row job j, from x (after steps 1-3) in the workspace and its max
+// in row_max: radix selections over the whole row where the candidates cannot hold the kept
+// set. Any block size that is a multiple of 32, up to 1024.
+__device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) {
   const RowJob job = p.jobs[j];
   RowResult& out = p.results[j];
   const int V = p.vocab_size;
   const float* x = p.workspace + static_cast<int64_t>(j) * V;
-  if (out.status != 0) return;  // NaN / +inf found by the prepare kernel
   const bool prompt = job.kind == kRowPrompt;
   const bool has_penalties = job.penalty_end > job.penalty_begin;
   const int force_n = prompt ? 0 : job.force_top_n;
@@ -346,7 +486,7 @@ __global__ void __launch_bounds__(kSampleThreads) SampleRowsKernel(StepParams p)
   int token = -1, accepted = 0;
   float logprob = kNegInf, sum_smaller = 0.0f, prompt_lp = kNegInf;
   if (n_cand > 0) {
-    // ---- Candidate path: the bins up to last_bin hold the kept set; sort them.
+    // ---- Candidate path: the bins up to last_bin hold the kept set.
     if (threadIdx.x == 0) sh.count = 0;
     __syncthreads();
     for (int c = threadIdx.x; c < V; c += blockDim.x) {
@@ -361,131 +501,8 @@ __global__ void __launch_bounds__(kSampleThreads) SampleRowsKernel(StepParams p)
       }
     }
     __syncthreads();
-    SortCandidates(sh, n_cand);
-    // SPEC 3.6 top-p over the full softmax (Z), then 3.7 top-k, then 3.8 min-p.
-    int kept = n_cand;
-    PrefixSums(sh, n_cand, [&](int i) { return static_cast<double>(expf(sh.cand_s[i] - M)); });
-    if (top_p) {
-      if (threadIdx.x == 0) sh.count = n_cand;
-      __syncthreads();
-      const double limit = static_cast<double>(job.top_p);
-      for (int i = threadIdx.x; i < n_cand; i += blockDim.x) {
-        const double before = i > 0 ? sh.cum[i - 1] : 0.0;
-        if (before / Z > limit) atomicMin(&sh.count, i);
-      }
-      __syncthreads();
-      kept = sh.count;
-      __syncthreads();
-    }
-    if (top_k) kept = min(kept, job.top_k);
-    if (min_p > 0.0f) {
-      if (threadIdx.x == 0) sh.count = kept;
-      __syncthreads();
-      for (int i = threadIdx.x; i < kept; i += blockDim.x) {
-        if (i > 0 && expf(sh.cand_s[i] - M) < min_p) atomicMin(&sh.count, i);
-      }
-      __syncthreads();
-      kept = sh.count;
-      __syncthreads();
-    }
-    const double Zk = PrefixSums(sh, kept, [&](int i) { return static_cast<double>(expf(sh.cand_s[i] - M)); });
-    const double log_zk = log(Zk);
-    auto index_of = [&](int t) -> int {
-      if (threadIdx.x == 0) sh.count = -1;
-      __syncthreads();
-      for (int i = threadIdx.x; i < kept; i += blockDim.x) {
-        if (sh.cand_id[i] == t) sh.count = i;
-      }
-      __syncthreads();
-      const int r = sh.count;
-      __syncthreads();
-      return r;
-    };
-    auto lp_at = [&](int i) {
-      return static_cast<float>(static_cast<double>(sh.cand_s[i]) - M - log_zk);
-    };
-    if (prompt) {
-      const int i = index_of(job.target);
-      prompt_lp = i >= 0 ? lp_at(i) : kNegInf;
-    } else {
-      if (job.kind == kRowVerify && job.golden < 0) {
-        const int d = job.draft_token;
-        const int i = d >= 0 ? index_of(d) : -1;
-        const double p_d = i >= 0 ? static_cast<double>(expf(sh.cand_s[i] - M)) / Zk : 0.0;
-        const double q_d = d >= 0 ? exp(static_cast<double>(job.q_dense[d])) : 0.0;
-        const double u = Uniform(job.seed, 3 * job.position + 2);
-        accepted = d >= 0 && q_d > 0.0 && u < p_d / q_d;
-        if (accepted) {
-          token = d;
-        } else {
-          // Residual max(0, p - q) over the kept set, ordered by residual desc, id asc.
-          for (int i = threadIdx.x; i < kept; i += blockDim.x) {
-            const double r = static_cast<double>(expf(sh.cand_s[i] - M)) / Zk -
-                             exp(static_cast<double>(job.q_dense[sh.cand_id[i]]));
-            sh.cum[i] = r > 0.0 ? r : 0.0;
-          }
-          __syncthreads();
-          // Reuse cand_s as the residual key (float image), keeping ids: sort, then prefix.
-          for (int i = threadIdx.x; i < kept; i += blockDim.x) {
-            const double r = sh.cum[i];
-            sh.cand_s[i] = r > 0.0 ? static_cast<float>(r) : kNegInf;
-          }
-          __syncthreads();
-          // Exact residual values travel with the sort through a parallel recomputation.
-          SortCandidates(sh, kept);
-          const double u_r = Uniform(job.seed, 3 * job.position + 1);
-          int positive = 0;
-          for (int i = threadIdx.x; i < kept; i += blockDim.x) positive += sh.cand_s[i] != kNegInf;
-          positive = BlockReduce(positive, SumOp(), sh.scratch_i);
-          if (positive > 0) {
-            // Recompute the residual of each sorted entry from x (exact, as before sorting).
-            const double total = PrefixSums(sh, positive, [&](int i) {
-              const int c = sh.cand_id[i];
-              const double r = static_cast<double>(expf(scores(c) - M)) / Zk -
-                               exp(static_cast<double>(job.q_dense[c]));
-              return r > 0.0 ? r : 0.0;
-            });
-            token = sh.cand_id[FirstExceeding(sh, positive, u_r * total)];
-          } else {
-            token = -2;  // residual empty: draw from p with u_r (below, after re-sorting)
-          }
-          // Restore the target order for the outputs below.
-          if (threadIdx.x == 0) sh.count = 0;
-          __syncthreads();
-          for (int i = threadIdx.x; i < kept; i += blockDim.x) sh.cand_s[i] = scores(sh.cand_id[i]);
-          __syncthreads();
-          SortCandidates(sh, kept);
-          PrefixSums(sh, kept, [&](int i) { return static_cast<double>(expf(sh.cand_s[i] - M)); });
-          if (token == -2) token = sh.cand_id[FirstExceeding(sh, kept, u_r * Zk)];
-        }
-      } else if (job.golden >= 0) {
-        token = job.golden;
-        accepted = job.kind == kRowVerify && job.draft_token == job.golden;
-      } else {
-        const double u = Uniform(job.seed, 3 * job.position + 0);
-        token = sh.cand_id[FirstExceeding(sh, kept, u * Zk)];
-      }
-      const int ti = index_of(token);
-      logprob = ti >= 0 ? lp_at(ti) : kNegInf;
-      if (job.want_sum_smaller && ti >= 0) {
-        const float pivot = sh.cand_s[ti];
-        double local = 0.0;
-        for (int i = threadIdx.x; i < kept; i += blockDim.x) {
-          const float s = sh.cand_s[i];
-          if (s < pivot || (s == pivot && sh.cand_id[i] <= token)) local += expf(s - M);
-        }
-        sum_smaller = static_cast<float>(BlockReduce(local, SumOp(), sh.scratch_d) / Zk);
-      }
-      for (int i = threadIdx.x; i < job.top_logprobs; i += blockDim.x) {
-        out.top_ids[i] = i < kept ? sh.cand_id[i] : -1;
-        out.top_logprobs[i] = i < kept ? lp_at(i) : kNegInf;
-      }
-      if (job.pool_out != nullptr) {
-        for (int c = threadIdx.x; c < V; c += blockDim.x) job.pool_out[c] = kNegInf;
-        __syncthreads();
-        for (int i = threadIdx.x; i < kept; i += blockDim.x) job.pool_out[sh.cand_id[i]] = lp_at(i);
-      }
-    }
+    FinishCandidates(sh, job, out, V, M, Z, n_cand);
+    return;
   } else {
     // ---- Global path: radix selections over the whole row.
     uint32_t cut_key = 0;
@@ -653,6 +670,379 @@ __global__ void __launch_bounds__(kSampleThreads) SampleRowsKernel(StepParams p)
   }
 }
 
+
+
+__global__ void __launch_bounds__(kSampleThreads) SampleRowsKernel(StepParams p) {
+  __shared__ Shared sh;
+  if (p.results[blockIdx.x].status != 0) return;  // NaN / +inf found by the prepare kernel
+  SampleRowGeneral(p, blockIdx.x, sh);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fused path: a cluster of kClusterBlocks blocks per row reads the row once into their
+// shared memory and does every pass there; block 0 finishes from the candidates the cluster
+// gathers through distributed shared memory. Rows it cannot finish this way (force top-N, or a
+// kept set too wide for the candidate list) are written to the workspace and flagged (status
+// 3) for SampleRowsKernel.
+
+namespace cg = cooperative_groups;
+
+constexpr int kNumThresholds = 8;
+// Distances from the max (nats) at which the cluster counts tokens and mass; the last admits
+// every finite token. kLog2Thresholds: the same as log2 of exp(-distance).
+__constant__ float kThresholds[kNumThresholds] = {1.0f, 2.0f, 3.0f, 4.5f, 7.0f, 11.0f, 18.0f,
+                                                  FLT_MAX};
+__constant__ float kLog2Thresholds[kNumThresholds] = {
+    -1.0f * 1.4426950408889634f,  -2.0f * 1.4426950408889634f,  -3.0f * 1.4426950408889634f,
+    -4.5f * 1.4426950408889634f,  -7.0f * 1.4426950408889634f,  -11.0f * 1.4426950408889634f,
+    -18.0f * 1.4426950408889634f, -FLT_MAX};
+// The gather admits tokens up to this much further (log2 units) than the chosen threshold:
+// more than the error of the fast pass, so every token whose exact distance is within the
+// threshold is gathered, and what is gathered beyond it ranks after them.
+constexpr float kGatherSlack = 1e-2f;
+
+// One block's partial results, as a flat array so that the cluster fetches it with one
+// remote load per value, all in parallel: [z, count[12], mass[12]].
+constexpr int kPartialValues = 1 + 2 * kNumThresholds;
+
+__device__ __forceinline__ unsigned long long GlobalTimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kClusterThreads, 2)
+    ClusterSampleKernel(StepParams p, int chunk) {
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int j = blockIdx.x / kClusterBlocks;
+  const bool timed = p.stage_times != nullptr && j == 0 && rank == 0;
+  auto stage = [&](int k) {
+    if (timed && threadIdx.x == 0) p.stage_times[k] = GlobalTimer();
+  };
+  stage(0);
+  extern __shared__ float xs[];
+  __shared__ Shared sh;
+  __shared__ float part_max;
+  __shared__ int part_bad;
+  __shared__ double part[kPartialValues];
+  __shared__ double all[kClusterBlocks][kPartialValues];
+  __shared__ float all_max[kClusterBlocks];
+  __shared__ int all_bad[kClusterBlocks];
+  const RowJob job = p.jobs[j];
+  RowResult& out = p.results[j];
+  const int V = p.vocab_size;
+  const int lo = rank * chunk;
+  const int n = max(0, min(V, lo + chunk) - lo);
+  const int elem = p.dtype == kF32 ? 4 : 2;
+  const char* row = static_cast<const char*>(p.logits) +
+                    static_cast<int64_t>(job.logits_row) * p.row_stride * elem;
+  const bool prompt = job.kind == kRowPrompt;
+  const bool use_mask = job.mask != nullptr && !prompt;
+
+  // Load the chunk once (padding is never read), checking NaN/+inf, applying the grammar mask
+  // and taking the max in the same pass; then the sparse penalties.
+  int bad = 0;
+  float m = kNegInf;
+  auto admit = [&](int i, float v) {
+    bad |= !(v < INFINITY);
+    const int c = lo + i;
+    if (use_mask && ((job.mask[c >> 3] >> (c & 7)) & 1) == 0) v = kNegInf;
+    xs[i] = v;
+    m = fmaxf(m, v);
+  };
+  auto load_chunk = [&]() {
+    const bool vector_f32 =
+        p.dtype == kF32 && (reinterpret_cast<uintptr_t>(row) % 16 == 0) && (lo % 4 == 0);
+    if (vector_f32) {
+      const float4* src = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(row) + lo);
+      const int n4 = n / 4;
+      for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+        const float4 v = src[i];
+        admit(4 * i, v.x);
+        admit(4 * i + 1, v.y);
+        admit(4 * i + 2, v.z);
+        admit(4 * i + 3, v.w);
+      }
+      for (int i = 4 * n4 + threadIdx.x; i < n; i += blockDim.x) {
+        admit(i, reinterpret_cast<const float*>(row)[lo + i]);
+      }
+    } else if (p.dtype != kF32 && (reinterpret_cast<uintptr_t>(row) % 16 == 0) && (lo % 8 == 0)) {
+      // 16-byte loads of eight bf16 / fp16 values.
+      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const char*>(static_cast<const void*>(row)) + 2 * static_cast<int64_t>(lo));
+      const int n8 = n / 8;
+      for (int i = threadIdx.x; i < n8; i += blockDim.x) {
+        const uint4 v = src[i];
+        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const uint16_t lo16 = static_cast<uint16_t>(words[w] & 0xFFFFu);
+          const uint16_t hi16 = static_cast<uint16_t>(words[w] >> 16);
+          float a, b;
+          if (p.dtype == kBF16) {
+            a = __uint_as_float(static_cast<uint32_t>(lo16) << 16);
+            b = __uint_as_float(static_cast<uint32_t>(hi16) << 16);
+          } else {
+            a = __half2float(__ushort_as_half(lo16));
+            b = __half2float(__ushort_as_half(hi16));
+          }
+          admit(8 * i + 2 * w, a);
+          admit(8 * i + 2 * w + 1, b);
+        }
+      }
+      for (int i = 8 * n8 + threadIdx.x; i < n; i += blockDim.x) admit(i, LoadLogit(row, p.dtype, lo + i));
+    } else {
+      for (int i = threadIdx.x; i < n; i += blockDim.x) admit(i, LoadLogit(row, p.dtype, lo + i));
+    }
+    if (job.penalty_end > job.penalty_begin) {
+      __syncthreads();
+      for (int k = job.penalty_begin + threadIdx.x; k < job.penalty_end; k += blockDim.x) {
+        const Penalty pen = p.penalties[k];
+        if (pen.token < lo || pen.token >= lo + n) continue;
+        float v = xs[pen.token - lo];
+        if (pen.repetition != 1.0f) v = v > 0.0f ? v / pen.repetition : v * pen.repetition;
+        if (pen.count > 0) v = v - (pen.presence + pen.frequency * static_cast<float>(pen.count));
+        xs[pen.token - lo] = v;
+      }
+      __syncthreads();
+      m = kNegInf;  // penalties can raise values: take the max again
+      for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, xs[i]);
+    }
+  };
+  load_chunk();
+  stage(1);
+  m = BlockReduce(m, MaxOp(), sh.scratch_f);
+  bad = BlockReduce(bad, MaxOp(), sh.scratch_i);
+  if (threadIdx.x == 0) {
+    part_max = m;
+    part_bad = bad;
+  }
+  cluster.sync();
+  // Eight threads fetch the eight partials (distributed shared memory), in parallel.
+  if (threadIdx.x < kClusterBlocks) {
+    all_max[threadIdx.x] = *cluster.map_shared_rank(&part_max, static_cast<int>(threadIdx.x));
+    all_bad[threadIdx.x] = *cluster.map_shared_rank(&part_bad, static_cast<int>(threadIdx.x));
+  }
+  __syncthreads();
+  float x_max = kNegInf;
+  int any_bad = 0;
+  for (int r = 0; r < kClusterBlocks; ++r) {
+    x_max = fmaxf(x_max, all_max[r]);
+    any_bad |= all_bad[r];
+  }
+  cluster.sync();  // every block has read `part` before it is rewritten below
+  stage(2);
+  if (any_bad || x_max == kNegInf) {
+    if (rank == 0 && threadIdx.x == 0) out.status = any_bad ? 1 : 2;
+    return;
+  }
+  // Rows the candidates cannot finish: the cluster writes x to the workspace, then block 0
+  // runs the general algorithm on it (no second launch).
+  auto fallback = [&](bool reload) {
+    if (reload) {  // xs holds s = x / T by now: read x again
+      __syncthreads();
+      load_chunk();
+      __syncthreads();
+    }
+    float* x = p.workspace + static_cast<int64_t>(j) * V + lo;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) x[i] = xs[i];
+    if (threadIdx.x == 0) p.row_max[j] = OrderKey(x_max);
+    __threadfence();
+    cluster.sync();  // every chunk of x is written and visible
+    if (rank == 0) SampleRowGeneral(p, j, sh);
+  };
+  if (!prompt && job.force_top_n > 0 && job.force_top_n < V) {
+    fallback(false);
+    return;
+  }
+  const float T = job.temperature;
+  const float M = x_max / T;
+  // Z and, per distance threshold, the tokens and mass within it.
+  double z = 0.0;
+  int count[kNumThresholds];
+  float mass[kNumThresholds];
+#pragma unroll
+  for (int t = 0; t < kNumThresholds; ++t) {
+    count[t] = 0;
+    mass[t] = 0.0f;
+  }
+  // This pass only chooses how many candidates to gather, and Z only feeds top-p (with the
+  // CPU's 1e-5 logprob tolerance): so it uses x * (log2(e) / T) and exp2f, a few instructions an
+  // element. The candidates' exact scores x / T are computed when they are gathered, and the
+  // gather widens the distance by kGatherSlack so that it holds the exact prefix (below).
+  const float scale = 1.4426950408889634f / T;
+  float z4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  auto visit = [&](int i, int lane4) {
+    const float v = xs[i];
+    const float t = (v - x_max) * scale;  // log2 of exp(s - M); -inf for removed tokens
+    const float e = exp2f(t);
+    z4[lane4] += e;
+    if (p.debug_flags & 1) return;
+#pragma unroll
+    for (int k = 0; k < kNumThresholds; ++k) {
+      const bool in = t >= kLog2Thresholds[k];
+      count[k] += in;
+      mass[k] += in ? e : 0.0f;
+    }
+  };
+  const int stride = blockDim.x;
+  int i = threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    visit(i, 0);
+    visit(i + stride, 1);
+    visit(i + 2 * stride, 2);
+    visit(i + 3 * stride, 3);
+  }
+  for (; i < n; i += stride) visit(i, 0);
+  z = static_cast<double>(z4[0]) + static_cast<double>(z4[1]) + static_cast<double>(z4[2]) +
+      static_cast<double>(z4[3]);
+  // One multi-value block reduction: warps by shuffles, then a fixed sum over warps.
+  stage(7);
+  if (!(p.debug_flags & 2)) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    double vals[1 + 2 * kNumThresholds];
+    vals[0] = z;
+#pragma unroll
+    for (int t = 0; t < kNumThresholds; ++t) {
+      vals[1 + t] = count[t];
+      vals[1 + kNumThresholds + t] = mass[t];
+    }
+#pragma unroll
+    for (int k = 0; k < 1 + 2 * kNumThresholds; ++k) {
+      double v = vals[k];
+      for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xFFFFFFFFu, v, offset);
+      if (lane == 0) sh.cum[warp * (1 + 2 * kNumThresholds) + k] = v;  // cum is free until the finish
+    }
+    __syncthreads();
+    if (threadIdx.x < 1 + 2 * kNumThresholds) {
+      double total = 0.0;
+      for (int w = 0; w < kClusterThreads / 32; ++w) total += sh.cum[w * (1 + 2 * kNumThresholds) + threadIdx.x];
+      const int k = threadIdx.x;
+      part[k] = total;
+    }
+  }
+  cluster.sync();
+  // Every block makes the same decision from the same partials, summed in rank order.
+  __shared__ int chosen;
+  __shared__ double z_total;
+  for (int i = threadIdx.x; i < kClusterBlocks * kPartialValues; i += blockDim.x) {
+    all[i / kPartialValues][i % kPartialValues] =
+        cluster.map_shared_rank(part, i / kPartialValues)[i % kPartialValues];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double Z = 0.0;
+    int counts[kNumThresholds];
+    double masses[kNumThresholds];
+    for (int t = 0; t < kNumThresholds; ++t) {
+      counts[t] = 0;
+      masses[t] = 0.0;
+    }
+    for (int r = 0; r < kClusterBlocks; ++r) {
+      Z += all[r][0];
+      for (int t = 0; t < kNumThresholds; ++t) {
+        counts[t] += static_cast<int>(all[r][1 + t]);
+        masses[t] += all[r][1 + kNumThresholds + t];
+      }
+    }
+    const bool top_k = job.top_k > 0 && job.top_k < V;
+    const bool top_p = job.top_p < 1.0f;
+    const float min_p = prompt ? 0.0f : job.min_p;
+    const int finite = counts[kNumThresholds - 1];
+    int pick = -1;
+    for (int t = 0; t < kNumThresholds && pick < 0; ++t) {
+      bool enough;
+      if (counts[t] == finite) {
+        enough = true;
+      } else if (top_k) {
+        enough = counts[t] >= job.top_k;
+      } else if (top_p) {
+        // More mass than top_p, with a margin over the float per-thread sums.
+        enough = masses[t] > static_cast<double>(job.top_p) * Z * (1.0 + 1e-4);
+      } else if (min_p > 0.0f) {
+        enough = kThresholds[t] >= -logf(min_p) + 0.01f;
+      } else {
+        enough = false;
+      }
+      if (enough) pick = t;
+    }
+    chosen = (pick >= 0 && counts[pick] <= kCandidateCapacity) ? pick : -1;
+    z_total = Z;
+  }
+  __syncthreads();
+  stage(3);
+  const int pick = chosen;
+  const double Z = z_total;
+  if (pick < 0) {
+    cluster.sync();  // every block has finished reading `part`
+    fallback(false);
+    return;
+  }
+  // Gather: each block lists its tokens within the chosen distance; block 0 appends the rest.
+  if (threadIdx.x == 0) sh.count = 0;
+  __syncthreads();
+  const float limit = kLog2Thresholds[pick] - kGatherSlack;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = xs[i];
+    if (v == kNegInf) continue;
+    if ((v - x_max) * scale >= limit) {
+      const int slot = atomicAdd(&sh.count, 1);
+      if (slot < kCandidateCapacity) {  // beyond it: counted, then the general path
+        sh.cand_id[slot] = lo + i;
+        sh.cand_s[slot] = v / T;  // the exact score
+      }
+    }
+  }
+  cluster.sync();
+  stage(4);
+  __shared__ int total;
+  // The slack may gather a few more than counted: past the capacity, take the general path.
+  __shared__ int overflow;
+  if (threadIdx.x == 0) {
+    int gathered = 0;
+    for (int r = 0; r < kClusterBlocks; ++r) gathered += cluster.map_shared_rank(&sh, r)->count;
+    overflow = gathered > kCandidateCapacity;
+  }
+  __syncthreads();
+  if (overflow) {
+    cluster.sync();
+    fallback(false);
+    return;
+  }
+  if (rank == 0) {
+    __shared__ int counts[kClusterBlocks];
+    __shared__ int offsets[kClusterBlocks];
+    if (threadIdx.x < kClusterBlocks) {
+      counts[threadIdx.x] = cluster.map_shared_rank(&sh, static_cast<int>(threadIdx.x))->count;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int acc = 0;
+      for (int r = 0; r < kClusterBlocks; ++r) {
+        offsets[r] = acc;
+        acc += counts[r];
+      }
+      total = acc;
+    }
+    __syncthreads();
+    // All remote lists at once: thread i copies entry i of the concatenation.
+    for (int i = counts[0] + threadIdx.x; i < total; i += blockDim.x) {
+      int r = 1;
+      while (r + 1 < kClusterBlocks && offsets[r + 1] <= i) ++r;
+      const Shared* remote = cluster.map_shared_rank(&sh, r);
+      sh.cand_id[i] = remote->cand_id[i - offsets[r]];
+      sh.cand_s[i] = remote->cand_s[i - offsets[r]];
+    }
+    __syncthreads();
+  }
+  cluster.sync();  // the other blocks' lists stay alive until block 0 has copied them
+  stage(5);
+  if (rank != 0) return;
+  FinishCandidates(sh, job, out, V, M, Z, total);
+  __syncthreads();
+  stage(6);
+}
+
 }  // namespace detail
 
 const char* StepParams::Validate() const {
@@ -686,6 +1076,28 @@ cudaError_t LaunchPenalties(const StepParams& params, cudaStream_t stream) {
   const int threads = 256;
   detail::PenaltiesKernel<<<(params.num_penalties + threads - 1) / threads, threads, 0, stream>>>(
       params);
+  return cudaGetLastError();
+}
+
+int FusedChunk(int32_t vocab_size) {
+  const int per_block = (vocab_size + detail::kClusterBlocks - 1) / detail::kClusterBlocks;
+  return (per_block + 7) / 8 * 8;
+}
+
+bool FusedPathFits(int32_t vocab_size) {
+  return static_cast<size_t>(FusedChunk(vocab_size)) * sizeof(float) <= detail::kMaxFusedChunkBytes;
+}
+
+cudaError_t LaunchFusedRows(const StepParams& params, cudaStream_t stream) {
+  if (params.num_jobs == 0) return cudaSuccess;
+  const int chunk = FusedChunk(params.vocab_size);
+  const size_t smem = static_cast<size_t>(chunk) * sizeof(float);
+  cudaError_t error = cudaFuncSetAttribute(detail::ClusterSampleKernel,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem));
+  if (error != cudaSuccess) return error;
+  detail::ClusterSampleKernel<<<params.num_jobs * detail::kClusterBlocks, detail::kClusterThreads,
+                                smem, stream>>>(params, chunk);
   return cudaGetLastError();
 }
 

@@ -1,6 +1,7 @@
 // Launchers of samplerd's CUDA sampling kernels (host header: compiles without nvcc).
 //
-// A step runs as three launches on the caller's stream:
+// A step runs as one LaunchFusedRows where the vocabulary fits FusedPathFits, else as three
+// launches on the caller's stream:
 //   LaunchPrepareRows   logits (fp32/bf16/fp16) -> workspace x: padding, grammar mask, NaN
 //                       check, per-row max; several blocks per row.
 //   LaunchPenalties     sparse repetition/presence/frequency updates of x.
@@ -96,12 +97,24 @@ struct StepParams {
   unsigned int* row_max = nullptr;
   // out: [num_jobs].
   RowResult* results = nullptr;
+  // Optional (benchmarks): the fused kernel's block 0 of job 0 writes %globaltimer at its
+  // stage boundaries here (9 entries, nanoseconds). Null = off.
+  unsigned long long* stage_times = nullptr;
+  // Benchmarks only: bit 0 skips the threshold counts, bit 1 the partial reduction (results
+  // are then wrong; used to time stages by leaving one out).
+  int32_t debug_flags = 0;
 
   // INVALID_ARGUMENT-style check: returns nullptr when valid, else a message.
   const char* Validate() const;
   // Bytes of `workspace` plus `row_max` for `num_jobs` rows of `vocab_size`.
   [[nodiscard]] static size_t WorkspaceBytes(int32_t num_jobs, int32_t vocab_size);
 };
+
+// The fused path (one read of each row; a cluster of blocks per row; rows its candidates
+// cannot finish go through the general algorithm in the same launch). Needs
+// FusedPathFits(vocab_size).
+bool FusedPathFits(int32_t vocab_size);
+cudaError_t LaunchFusedRows(const StepParams& params, cudaStream_t stream);
 
 cudaError_t LaunchPrepareRows(const StepParams& params, cudaStream_t stream);
 cudaError_t LaunchPenalties(const StepParams& params, cudaStream_t stream);
