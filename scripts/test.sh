@@ -7,8 +7,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh || exit 1
 log=$(mktemp)
+# Everything builds first, the gpu-tagged tests and benchmarks included (where the CUDA toolkit
+# is present): CI compiles them; they run on the GPU machine (scripts/gpu_check.sh).
+bazel build //... 2>&1 | tail -3
+build_rc=${PIPESTATUS[0]}
 bazel test //... --test_tag_filters=-gpu --build_tests_only "$@" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
+if [[ $build_rc -ne 0 && $rc -eq 0 ]]; then rc=$build_rc; echo "bazel build //... failed"; fi
 passed=0
 failed=0
 testlogs=$(bazel info bazel-testlogs 2>/dev/null)
@@ -34,5 +39,6 @@ rm -f "$log"
 # (a chroot rehearsal cannot unmount them) and the machine's memory.
 if [[ ${CI:-} == true ]]; then bazel shutdown >/dev/null 2>&1 || true; fi
 if [[ $rc -ne 0 && $failed -eq 0 ]]; then failed=1; fi
+if [[ $build_rc -ne 0 ]]; then failed=$((failed + 1)); fi
 echo "$passed passed, $failed failed"
 exit "$rc"

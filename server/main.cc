@@ -23,6 +23,9 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "sampler/cpu_backend.h"
+#ifdef SAMPLERD_WITH_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 #include "server/buffer_registry.h"
 #include "server/metrics.h"
 #include "server/sampler_service.h"
@@ -32,6 +35,7 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
 ABSL_FLAG(std::string, unix_socket, "", "also listen on this Unix-domain socket path");
 ABSL_FLAG(std::string, backend, "auto", "auto | cpu | cuda (auto: CUDA when a GPU is usable)");
 ABSL_FLAG(int, threads, 0, "CPU backend worker threads (0 = all cores)");
+ABSL_FLAG(int, cuda_device, 0, "CUDA device of the CUDA backend");
 ABSL_FLAG(int64_t, max_message_bytes, 256LL << 20,
           "largest gRPC message accepted; 256 MiB fits inline fp32 logits of 384 x 129,280");
 ABSL_FLAG(int, max_rows, 1 << 20, "most logits rows in one step");
@@ -63,21 +67,52 @@ int Serve() {
     spdlog::error("--backend={}: expected auto, cpu or cuda", backend_flag);
     return 2;
   }
-  if (backend_flag == "cuda") {
-    spdlog::error("--backend=cuda: this samplerd is built without the CUDA backend");
-    return 2;
-  }
   if (absl::GetFlag(FLAGS_max_top_logprobs) < 20) {
     spdlog::error("--max_top_logprobs must be at least 20");
     return 2;
   }
-  CpuBackendOptions cpu_options;
-  cpu_options.num_threads = absl::GetFlag(FLAGS_threads);
-  cpu_options.draft_pool.capacity_elements = absl::GetFlag(FLAGS_draft_pool_elements);
-  auto backend = CpuBackend::Create(cpu_options);
-  if (!backend.ok()) {
-    spdlog::error("backend: {}", backend.status().ToString());
+  DraftPoolOptions pool_options;
+  pool_options.capacity_elements = absl::GetFlag(FLAGS_draft_pool_elements);
+  std::unique_ptr<Backend> backend;
+#ifdef SAMPLERD_WITH_CUDA
+  if (backend_flag != "cpu") {
+    std::string why;
+    const int device = absl::GetFlag(FLAGS_cuda_device);
+    if (CudaDeviceUsable(device, &why)) {
+      CudaBackendOptions cuda_options;
+      cuda_options.device = device;
+      cuda_options.draft_pool = pool_options;
+      auto cuda = CudaBackend::Create(cuda_options);
+      if (cuda.ok()) {
+        backend = std::move(*cuda);
+      } else {
+        why = cuda.status().ToString();
+      }
+    }
+    if (backend == nullptr) {
+      if (backend_flag == "cuda") {
+        spdlog::error("--backend=cuda: {}", why);
+        return 2;
+      }
+      spdlog::info("no usable GPU ({}): using the CPU backend", why);
+    }
+  }
+#else
+  if (backend_flag == "cuda") {
+    spdlog::error("--backend=cuda: this samplerd is built without the CUDA backend");
     return 2;
+  }
+#endif
+  if (backend == nullptr) {
+    CpuBackendOptions cpu_options;
+    cpu_options.num_threads = absl::GetFlag(FLAGS_threads);
+    cpu_options.draft_pool = pool_options;
+    auto cpu = CpuBackend::Create(cpu_options);
+    if (!cpu.ok()) {
+      spdlog::error("backend: {}", cpu.status().ToString());
+      return 2;
+    }
+    backend = std::move(*cpu);
   }
   auto metrics = Metrics::Create(absl::GetFlag(FLAGS_metrics_address));
   if (!metrics.ok()) {
@@ -92,7 +127,7 @@ int Serve() {
   options.limits.max_force_top_n = absl::GetFlag(FLAGS_max_force_top_n);
   options.max_queued_steps = absl::GetFlag(FLAGS_max_queued_steps);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
-  SamplerService service(**backend, registry, **metrics, options, RandomSeedSource());
+  SamplerService service(*backend, registry, **metrics, options, RandomSeedSource());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -120,7 +155,7 @@ int Serve() {
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus(true);
   health->SetServingStatus(kServiceName, true);
-  const BackendInfo info = (*backend)->Info();
+  const BackendInfo info = backend->Info();
   spdlog::info("samplerd {} serving on {}{} (port {}), backend {} ({}), metrics {}",
                options.version, listen, unix_socket.empty() ? "" : " and unix:" + unix_socket,
                port, info.name, info.device,
