@@ -1,0 +1,134 @@
+#include "server/proto_convert.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "google/protobuf/util/message_differencer.h"
+#include "sampler/cpu_backend.h"
+#include "sampler/dtype.h"
+
+namespace samplerd {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::SampleRequest Step(int rows, int cols, const std::vector<float>& logits) {
+  v1::SampleRequest request;
+  request.set_step_id(4);
+  v1::Tensor* t = request.mutable_logits();
+  t->set_rows(rows);
+  t->set_cols(cols);
+  for (float v : logits) t->mutable_values()->add_values(v);
+  v1::SamplerInputs* in = request.mutable_inputs();
+  in->set_kind(v1::PREFILL);
+  in->set_vocab_size(cols);
+  for (int r = 0; r < rows; ++r) {
+    v1::RequestInputs* req = in->add_requests();
+    req->set_request_id("r" + std::to_string(r));
+    req->set_row(r);
+    req->mutable_params()->set_seq_seed(10 + r);
+    req->mutable_params()->set_top_logprobs(3);
+  }
+  return request;
+}
+
+v1::SampleResponse Sample(const v1::SampleRequest& request) {
+  auto converted = StepFromProto(request, nullptr);
+  EXPECT_TRUE(converted.ok()) << converted.status();
+  auto plan = PlanConvertedStep(**converted, Limits{}, [] { return uint64_t{0}; });
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  auto backend = CpuBackend::Create({.num_threads = 1});
+  auto result = (*backend)->Sample(*plan);
+  EXPECT_TRUE(result.ok());
+  v1::SampleResponse response;
+  ResultToProto(*result, &response);
+  return response;
+}
+
+std::vector<float> Logits(int n) {
+  std::vector<float> v(n);
+  for (int i = 0; i < n; ++i) v[i] = static_cast<float>((i * 37) % 23) * 0.3f - 2.0f;
+  return v;
+}
+
+TEST(ProtoConvert, ShardsConcatenateAlongColumns) {
+  const int rows = 3, cols = 10, split = 4;
+  const std::vector<float> logits = Logits(rows * cols);
+  const v1::SampleResponse whole = Sample(Step(rows, cols, logits));
+  v1::SampleRequest sharded = Step(rows, cols, logits);
+  v1::Tensor* t = sharded.mutable_logits();
+  t->clear_values();
+  for (int s = 0; s < 2; ++s) {
+    v1::Tensor* shard = t->add_shards();
+    const int c0 = s == 0 ? 0 : split, c1 = s == 0 ? split : cols;
+    shard->set_rows(rows);
+    shard->set_cols(c1 - c0);
+    for (int r = 0; r < rows; ++r) {
+      for (int c = c0; c < c1; ++c) shard->mutable_values()->add_values(logits[r * cols + c]);
+    }
+  }
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(whole, Sample(sharded)));
+}
+
+TEST(ProtoConvert, DataBytesAndValuesAreTheSameTensor) {
+  const int rows = 2, cols = 7;
+  const std::vector<float> logits = Logits(rows * cols);
+  v1::SampleRequest as_data = Step(rows, cols, logits);
+  as_data.mutable_logits()->clear_values();
+  as_data.mutable_logits()->set_dtype(v1::FLOAT32);
+  as_data.mutable_logits()->set_data(logits.data(), logits.size() * sizeof(float));
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(Sample(Step(rows, cols, logits)),
+                                                                 Sample(as_data)));
+}
+
+TEST(ProtoConvert, RowStrideSkipsPaddingColumns) {
+  // A [2, 5] view with row_stride 8 over 16 values: columns 5..7 of each row are not read.
+  std::vector<float> padded(16, 1e30f);
+  const std::vector<float> logits = Logits(10);
+  for (int r = 0; r < 2; ++r) {
+    for (int c = 0; c < 5; ++c) padded[r * 8 + c] = logits[r * 5 + c];
+  }
+  v1::SampleRequest strided = Step(2, 5, padded);
+  strided.mutable_logits()->set_row_stride(8);
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(Sample(Step(2, 5, logits)),
+                                                                 Sample(strided)));
+}
+
+TEST(ProtoConvert, MalformedTensorsNameTheField) {
+  auto error = [](const v1::SampleRequest& r) {
+    auto c = StepFromProto(r, nullptr);
+    return c.ok() ? std::string("ok") : std::string(c.status().message());
+  };
+  v1::SampleRequest r = Step(2, 4, Logits(8));
+  r.mutable_logits()->set_row_stride(3);
+  EXPECT_THAT(error(r), HasSubstr("logits.row_stride"));
+  r = Step(2, 4, Logits(7));
+  EXPECT_THAT(error(r), HasSubstr("logits.values: 7 values"));
+  r = Step(2, 4, Logits(8));
+  r.mutable_logits()->clear_values();
+  r.mutable_logits()->set_data(std::string(30, '\0'));
+  EXPECT_THAT(error(r), HasSubstr("logits.dtype: required"));
+  r.mutable_logits()->set_dtype(v1::BFLOAT16);
+  EXPECT_EQ(error(r), "ok");  // [2, 4] bf16 needs 16 of the 30 bytes
+  r.mutable_logits()->set_data(std::string(10, '\0'));
+  EXPECT_THAT(error(r), HasSubstr("logits.data: 10 bytes"));
+  r = Step(2, 4, Logits(8));
+  r.mutable_logits()->mutable_buffer()->set_name("x");
+  EXPECT_THAT(error(r), HasSubstr("logits.dtype: required"));  // checked before the source
+  r.mutable_logits()->set_dtype(v1::FLOAT32);
+  auto c = StepFromProto(r, nullptr);  // no registry in run-local
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("need a running samplerd"));
+  r = Step(2, 4, Logits(8));
+  r.mutable_inputs()->mutable_requests(0)->mutable_draft_logprobs()->set_rows(1);
+  r.mutable_inputs()->mutable_requests(0)->mutable_draft_topn()->mutable_values()->set_rows(1);
+  auto both = StepFromProto(r, nullptr);
+  ASSERT_TRUE(both.ok());
+  EXPECT_THAT(std::string((*both)->request_faults[0].message()), HasSubstr("not both"));
+  EXPECT_TRUE((*both)->request_faults[1].ok());
+}
+
+}  // namespace
+}  // namespace samplerd
