@@ -479,6 +479,10 @@ absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
                                          cudaMemcpyHostToDevice, impl.stream));
     device_logits.data = impl.logits.as<void>();
     device_logits.on_device = true;
+  } else if (step.logits.on_device && step.logits.ready_event != nullptr) {
+    // The producer's event (CUDA IPC): our stream waits for it, the host does not.
+    SAMPLERD_CUDA_RETURN(cudaStreamWaitEvent(
+        impl.stream, static_cast<cudaEvent_t>(const_cast<void*>(step.logits.ready_event)), 0));
   }
   std::vector<cuda::RowResult> results;
   std::vector<std::vector<float>> pool_rows;

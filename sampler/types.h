@@ -38,6 +38,9 @@ struct LogitsView {
   int32_t cols = 0;
   int64_t row_stride = 0;  // elements; always >= cols once built
   bool on_device = false;
+  // Device views only: an event (the backend's native type, opaque here) that the backend's
+  // stream waits on before reading; null = the producer already synchronised.
+  const void* ready_event = nullptr;
 
   // Bytes the view spans: (rows - 1) * row_stride + cols elements.
   int64_t ByteExtent() const;

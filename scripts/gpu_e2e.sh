@@ -16,4 +16,5 @@ for mode in unary stream; do
   .device-pack/bin/samplerctl bench --target="$target" --rows=16 --vocab=129280 --steps=200 --source=shm --mode=$mode
 done
 .device-pack/bin/samplerctl bench --target="$target" --rows=16 --vocab=129280 --steps=100 --source=inline --mode=stream
+.device-pack/bin/cuda_ipc_worker --target="$target" || echo "cuda_ipc_worker FAILED"
 kill -TERM $pid; wait $pid; echo "samplerd exit $?"

@@ -23,15 +23,30 @@ absl::Status BufferRegistry::Register(const v1::RegisterBufferRequest& request) 
       auto shm = ShmRegion::Open(request.shm_name(), request.byte_size());
       if (!shm.ok()) return shm.status();
       region->shm = std::move(*shm);
+      region->data = region->shm->data();
+      region->bytes = region->shm->byte_size();
       region->info.set_shm_name(request.shm_name());
       break;
     }
     case v1::CUDA_IPC: {
       auto handle = ParseCudaIpcHandle(request.cuda_ipc_handle(), "cuda_ipc_handle");
       if (!handle.ok()) return handle.status();
-      return absl::FailedPreconditionError(
-          "kind: CUDA_IPC regions need the CUDA backend; this server runs the cpu backend "
-          "(use HOST_SHM or inline logits)");
+      if (device_ == nullptr) {
+        return absl::FailedPreconditionError(
+            "kind: CUDA_IPC regions need the CUDA backend; this server runs the cpu backend "
+            "(use HOST_SHM or inline logits)");
+      }
+      if (request.device_id() != device_->device()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "device_id: ", request.device_id(), " is not the server's CUDA device ",
+            device_->device()));
+      }
+      auto opened = device_->OpenMemory(*handle, request.byte_size(), request.device_id(),
+                                        &region->data, &region->bytes);
+      if (!opened.ok()) return opened.status();
+      region->device = std::move(*opened);
+      region->on_device = true;
+      break;
     }
     default:
       return absl::InvalidArgumentError("kind: required: HOST_SHM or CUDA_IPC");
@@ -99,17 +114,39 @@ absl::StatusOr<const void*> BufferRegistry::Resolve(const v1::Tensor& tensor, in
             slice.byte_offset() + byte_extent, ") exceeds buffer '", slice.name(), "' of ", size,
             " bytes"));
       }
-      *on_device = false;
-      const void* data = static_cast<const char*>(region->shm->data()) + slice.byte_offset();
+      *on_device = region->on_device;
+      const void* data = static_cast<const char*>(region->data) + slice.byte_offset();
       *lease = region;
       return data;
     }
     case v1::Tensor::kCudaIpc: {
-      auto handle = ParseCudaIpcHandle(tensor.cuda_ipc().handle(), field + ".cuda_ipc.handle");
+      const v1::CudaIpcRef& ref = tensor.cuda_ipc();
+      auto handle = ParseCudaIpcHandle(ref.handle(), field + ".cuda_ipc.handle");
       if (!handle.ok()) return handle.status();
-      return absl::FailedPreconditionError(
-          absl::StrCat(field, ".cuda_ipc: CUDA IPC logits need the CUDA backend; this server "
-                              "runs the cpu backend"));
+      if (device_ == nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(field, ".cuda_ipc: CUDA IPC logits need the CUDA backend; this server "
+                                "runs the cpu backend"));
+      }
+      if (ref.device_id() != device_->device()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            field, ".cuda_ipc.device_id: ", ref.device_id(), " is not the server's CUDA device ",
+            device_->device()));
+      }
+      auto region = OneOffRegion(*handle, ref.device_id());
+      if (!region.ok()) return region.status();
+      const int64_t size = (*region)->bytes;
+      if (ref.byte_offset() < 0 || ref.byte_offset() > size ||
+          byte_extent > size - ref.byte_offset()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".cuda_ipc.byte_offset: the slice [", ref.byte_offset(), ", ",
+            ref.byte_offset() + byte_extent, ") exceeds the handle's allocation of ", size,
+            " bytes"));
+      }
+      *on_device = true;
+      const void* data = static_cast<const char*>((*region)->data) + ref.byte_offset();
+      *lease = *region;
+      return data;
     }
     case v1::Tensor::kNccl:
       return absl::FailedPreconditionError(absl::StrCat(
@@ -118,6 +155,62 @@ absl::StatusOr<const void*> BufferRegistry::Resolve(const v1::Tensor& tensor, in
     default:
       return absl::InvalidArgumentError(absl::StrCat(field, ": not a registered-buffer source"));
   }
+}
+
+absl::StatusOr<std::shared_ptr<const BufferRegistry::Region>> BufferRegistry::OneOffRegion(
+    const CudaIpcHandle& handle, int device) {
+  const std::string key(handle.data(), handle.size());
+  absl::MutexLock lock(&mu_);
+  for (const auto& [cached, region] : one_off_) {
+    if (cached == key) return region;
+  }
+  auto region = std::make_shared<Region>();
+  auto opened = device_->OpenMemory(handle, 0, device, &region->data, &region->bytes);
+  if (!opened.ok()) return opened.status();
+  region->device = std::move(*opened);
+  region->on_device = true;
+  region->info.set_kind(v1::CUDA_IPC);
+  region->info.set_byte_size(region->bytes);
+  if (one_off_.size() >= kHandleCacheSize) one_off_.erase(one_off_.begin());
+  one_off_.emplace_back(key, region);
+  return std::shared_ptr<const Region>(region);
+}
+
+absl::StatusOr<const void*> BufferRegistry::ResolveReadyEvent(const std::string& handle,
+                                                              const std::string& field,
+                                                              std::shared_ptr<const void>* lease) {
+  if (handle.size() != kCudaIpcHandleBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", handle.size(), " bytes; a CUDA IPC event handle is 64 bytes"));
+  }
+  if (device_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(field, ": needs the CUDA backend"));
+  }
+  absl::MutexLock lock(&mu_);
+  for (const auto& [cached, event] : events_) {
+    if (cached == handle) {
+      *lease = event;
+      return *static_cast<const void* const*>(event.get());
+    }
+  }
+  CudaIpcHandle raw;
+  std::copy(handle.begin(), handle.end(), raw.begin());
+  const void* native = nullptr;
+  auto opened = device_->OpenEvent(raw, device_->device(), &native);
+  if (!opened.ok()) {
+    return absl::Status(opened.status().code(), absl::StrCat(field, ": ", opened.status().message()));
+  }
+  // The cache holds {lease, native pointer} so that a hit can return the pointer.
+  struct Held {
+    const void* native;
+    std::shared_ptr<const void> lease;
+  };
+  auto held = std::make_shared<Held>(Held{native, std::move(*opened)});
+  std::shared_ptr<const void> entry(held, &held->native);
+  if (events_.size() >= kHandleCacheSize) events_.erase(events_.begin());
+  events_.emplace_back(handle, entry);
+  *lease = entry;
+  return native;
 }
 
 }  // namespace samplerd

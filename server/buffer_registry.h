@@ -17,6 +17,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "samplerd/v1/sampler.pb.h"
+#include "server/device_memory.h"
 #include "server/proto_convert.h"
 #include "server/shm_region.h"
 
@@ -24,8 +25,10 @@ namespace samplerd {
 
 class BufferRegistry final : public LogitsSourceResolver {
  public:
-  // Limits the number of registered regions (RESOURCE_EXHAUSTED beyond it).
-  explicit BufferRegistry(int max_buffers = 1024) : max_buffers_(max_buffers) {}
+  // Limits the number of registered regions (RESOURCE_EXHAUSTED beyond it). `device`: the GPU
+  // backend's opener of CUDA IPC memory, or null (then CUDA IPC is FAILED_PRECONDITION).
+  explicit BufferRegistry(int max_buffers = 1024, DeviceMemoryOpener* device = nullptr)
+      : max_buffers_(max_buffers), device_(device) {}
   BufferRegistry(const BufferRegistry&) = delete;
   BufferRegistry& operator=(const BufferRegistry&) = delete;
 
@@ -42,16 +45,33 @@ class BufferRegistry final : public LogitsSourceResolver {
   absl::StatusOr<const void*> Resolve(const v1::Tensor& tensor, int64_t byte_extent,
                                       const std::string& field, bool* on_device,
                                       std::shared_ptr<const void>* lease) override;
+  absl::StatusOr<const void*> ResolveReadyEvent(const std::string& handle,
+                                                const std::string& field,
+                                                std::shared_ptr<const void>* lease) override;
+
+  // One-off cuda_ipc handles and ready events stay open for reuse, up to this many each.
+  static constexpr size_t kHandleCacheSize = 64;
 
  private:
   struct Region {
     v1::BufferInfo info;
-    std::unique_ptr<ShmRegion> shm;
+    std::unique_ptr<ShmRegion> shm;          // HOST_SHM
+    std::shared_ptr<const void> device;      // CUDA_IPC: keeps the mapping open
+    const void* data = nullptr;              // the region's first byte (host or device)
+    int64_t bytes = 0;                       // readable bytes from data
+    bool on_device = false;
   };
+  // Opens (or finds) a one-off cuda_ipc handle's whole allocation.
+  absl::StatusOr<std::shared_ptr<const Region>> OneOffRegion(const CudaIpcHandle& handle,
+                                                             int device);
 
   const int max_buffers_;
+  DeviceMemoryOpener* const device_;  // borrowed; may be null
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<const Region>> regions_ ABSL_GUARDED_BY(mu_);
+  // Bounded caches, oldest first out (leases keep an evicted entry open while in use).
+  std::vector<std::pair<std::string, std::shared_ptr<const Region>>> one_off_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, std::shared_ptr<const void>>> events_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace samplerd

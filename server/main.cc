@@ -25,6 +25,7 @@
 #include "sampler/cpu_backend.h"
 #ifdef SAMPLERD_WITH_CUDA
 #include "cuda/cuda_backend.h"
+#include "cuda/cuda_ipc.h"
 #endif
 #include "server/buffer_registry.h"
 #include "server/metrics.h"
@@ -60,6 +61,35 @@ namespace {
 
 constexpr char kServiceName[] = "samplerd.v1.Sampler";
 
+#ifdef SAMPLERD_WITH_CUDA
+// The buffer registry's CUDA IPC opener, over cuda/cuda_ipc.
+class CudaMemoryOpener final : public DeviceMemoryOpener {
+ public:
+  explicit CudaMemoryOpener(int device) : device_(device) {}
+  absl::StatusOr<std::shared_ptr<const void>> OpenMemory(const CudaIpcHandle& handle,
+                                                         int64_t byte_size, int device,
+                                                         const void** data,
+                                                         int64_t* bytes) override {
+    auto memory = CudaIpcMemory::Open(handle.data(), byte_size, device);
+    if (!memory.ok()) return memory.status();
+    *data = (*memory)->data();
+    *bytes = (*memory)->byte_size();
+    return std::shared_ptr<const void>(std::move(*memory));
+  }
+  absl::StatusOr<std::shared_ptr<const void>> OpenEvent(const CudaIpcHandle& handle, int device,
+                                                        const void** event) override {
+    auto opened = CudaIpcEvent::Open(handle.data(), device);
+    if (!opened.ok()) return opened.status();
+    *event = (*opened)->native();
+    return std::shared_ptr<const void>(std::move(*opened));
+  }
+  int device() const override { return device_; }
+
+ private:
+  const int device_;
+};
+#endif
+
 int Serve() {
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
   const std::string backend_flag = absl::GetFlag(FLAGS_backend);
@@ -74,6 +104,7 @@ int Serve() {
   DraftPoolOptions pool_options;
   pool_options.capacity_elements = absl::GetFlag(FLAGS_draft_pool_elements);
   std::unique_ptr<Backend> backend;
+  std::unique_ptr<DeviceMemoryOpener> device_memory;  // with the CUDA backend only
 #ifdef SAMPLERD_WITH_CUDA
   if (backend_flag != "cpu") {
     std::string why;
@@ -85,6 +116,7 @@ int Serve() {
       auto cuda = CudaBackend::Create(cuda_options);
       if (cuda.ok()) {
         backend = std::move(*cuda);
+        device_memory = std::make_unique<CudaMemoryOpener>(device);
       } else {
         why = cuda.status().ToString();
       }
@@ -119,7 +151,7 @@ int Serve() {
     spdlog::error("{}", metrics.status().ToString());
     return 2;
   }
-  BufferRegistry registry;
+  BufferRegistry registry(/*max_buffers=*/1024, device_memory.get());
   ServiceOptions options;
   options.limits.max_rows = absl::GetFlag(FLAGS_max_rows);
   options.limits.max_vocab_size = absl::GetFlag(FLAGS_max_vocab_size);

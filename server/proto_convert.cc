@@ -80,6 +80,16 @@ absl::StatusOr<LogitsView> SingleTensorView(const v1::Tensor& tensor, const std:
       if (!data.ok()) return data.status();
       view.data = *data;
       if (lease) holder.leases.push_back(std::move(lease));
+      // A ready_event matters only where the producer is a GPU stream: device views. (Host
+      // memory is read after the call arrives, so the producer has finished writing it.)
+      if (view.on_device && !tensor.ready_event().empty()) {
+        std::shared_ptr<const void> event_lease;
+        auto event = resolver->ResolveReadyEvent(tensor.ready_event(), field + ".ready_event",
+                                                 &event_lease);
+        if (!event.ok()) return event.status();
+        view.ready_event = *event;
+        if (event_lease) holder.leases.push_back(std::move(event_lease));
+      }
       return view;
     }
     case v1::Tensor::SOURCE_NOT_SET:

@@ -34,6 +34,12 @@ class LogitsSourceResolver {
   virtual absl::StatusOr<const void*> Resolve(const v1::Tensor& tensor, int64_t byte_extent,
                                               const std::string& field, bool* on_device,
                                               std::shared_ptr<const void>* lease) = 0;
+  // Opens a device tensor's `ready_event` (a CUDA IPC event handle); returns the native event.
+  // Errors name `field`: INVALID_ARGUMENT for a handle of the wrong length,
+  // FAILED_PRECONDITION where there is no GPU backend.
+  virtual absl::StatusOr<const void*> ResolveReadyEvent(const std::string& handle,
+                                                        const std::string& field,
+                                                        std::shared_ptr<const void>* lease) = 0;
 };
 
 // A Step converted from a SampleRequest, with everything its views point into.
