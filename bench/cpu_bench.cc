@@ -23,25 +23,16 @@
 #include "sampler/cpu_backend.h"
 #include "sampler/reference_sampler.h"
 #include "sampler/rng.h"
+#include "bench/bench_params.h"
 #include "sampler/test_util.h"
 
 namespace samplerd {
 namespace {
 
-constexpr int32_t kVocab = 129280;
+constexpr int32_t kVocab = kBenchVocab;
 
 double Seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
-}
-
-SamplingParams BenchParams(uint64_t seed) {
-  SamplingParams p;
-  p.temperature = 0.7f;
-  p.top_p = 0.95f;
-  p.top_k = 50;
-  p.top_logprobs = 5;
-  p.seq_seed = seed;
-  return p;
 }
 
 // Median seconds of `reps` calls of fn (after one warm-up call).

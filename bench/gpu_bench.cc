@@ -17,12 +17,13 @@
 
 #include "cuda/cuda_backend.h"
 #include "sampler/dtype.h"
+#include "bench/bench_params.h"
 #include "sampler/test_util.h"
 
 namespace samplerd {
 namespace {
 
-constexpr int32_t kVocab = 129280;
+constexpr int32_t kVocab = kBenchVocab;
 
 #define CHECK_CUDA(call)                                                          \
   do {                                                                            \
@@ -56,16 +57,6 @@ double CopyBandwidth() {
   cudaFree(a);
   cudaFree(b);
   return 2.0 * bytes / (times[times.size() / 2] * 1e-3);  // read + write bytes per second
-}
-
-SamplingParams Params(uint64_t seed) {
-  SamplingParams p;
-  p.temperature = 0.7f;
-  p.top_p = 0.95f;
-  p.top_k = 50;
-  p.top_logprobs = 5;
-  p.seq_seed = seed;
-  return p;
 }
 
 struct Config {
@@ -145,7 +136,7 @@ int Main(int argc, char** argv) {
         r.first_row = i * q;
         r.num_rows = q;
         r.sample_position = 100;
-        r.params = Params(i);
+        r.params = BenchParams(i);
         for (int j = 0; j < q - 1; ++j) r.draft_token_ids.push_back((i * 7919 + j * 104729) % kVocab);
         r.drafts.form = DraftDistributions::Form::kDense;
         LogitsView v = drafts.View();
@@ -156,14 +147,14 @@ int Main(int argc, char** argv) {
       }
     } else if (c.rows == 8192) {
       RequestInputs r = PrefillRequest("p", c.rows - 1, 1, c.rows);
-      r.params = Params(1);
+      r.params = BenchParams(1);
       r.prompt_first_row = 0;
       for (int k = 0; k < c.rows - 1; ++k) r.prompt_targets.push_back((k * 31) % kVocab);
       step.requests.push_back(r);
     } else {
       for (int r = 0; r < c.rows; ++r) {
         RequestInputs req = PrefillRequest("r" + std::to_string(r), r, r, 100);
-        req.params = Params(r);
+        req.params = BenchParams(r);
         step.requests.push_back(req);
       }
     }

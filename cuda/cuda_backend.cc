@@ -6,12 +6,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "cuda/sampling_launch.h"
 #include "sampler/dtype.h"
+#include "sampler/penalties.h"
 #include "sampler/status_macros.h"
 #include "sampler/step_assembly.h"
 
@@ -36,18 +36,22 @@ absl::Status CudaStatus(cudaError_t error, const char* what) {
     if (!_cuda_status.ok()) return _cuda_status;                    \
   } while (false)
 
-// Grow-only device allocation.
-class DeviceBuffer {
+// A grow-only allocation of device (cudaMalloc) or pinned host (cudaMallocHost) memory.
+template <cudaError_t (*kAlloc)(void**, size_t), cudaError_t (*kFree)(void*)>
+class GrowBuffer {
  public:
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
+  GrowBuffer() = default;
+  GrowBuffer(const GrowBuffer&) = delete;
+  GrowBuffer& operator=(const GrowBuffer&) = delete;
+  ~GrowBuffer() {
+    if (ptr_ != nullptr) kFree(ptr_);
   }
   absl::Status Reserve(size_t bytes) {
     if (bytes <= bytes_) return absl::OkStatus();
-    if (ptr_ != nullptr) cudaFree(ptr_);
+    if (ptr_ != nullptr) kFree(ptr_);
     ptr_ = nullptr;
     bytes_ = 0;
-    SAMPLERD_CUDA_RETURN(cudaMalloc(&ptr_, std::max<size_t>(bytes, 256)));
+    SAMPLERD_CUDA_RETURN(kAlloc(&ptr_, std::max<size_t>(bytes, 256)));
     bytes_ = bytes;
     return absl::OkStatus();
   }
@@ -59,28 +63,10 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-// Grow-only pinned host allocation (staging for asynchronous copies).
-class PinnedBuffer {
- public:
-  ~PinnedBuffer() {
-    if (ptr_ != nullptr) cudaFreeHost(ptr_);
-  }
-  absl::Status Reserve(size_t bytes) {
-    if (bytes <= bytes_) return absl::OkStatus();
-    if (ptr_ != nullptr) cudaFreeHost(ptr_);
-    ptr_ = nullptr;
-    bytes_ = 0;
-    SAMPLERD_CUDA_RETURN(cudaMallocHost(&ptr_, std::max<size_t>(bytes, 256)));
-    bytes_ = bytes;
-    return absl::OkStatus();
-  }
-  template <typename T>
-  T* as() const { return static_cast<T*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
+cudaError_t DeviceAlloc(void** ptr, size_t bytes) { return cudaMalloc(ptr, bytes); }
+cudaError_t PinnedAlloc(void** ptr, size_t bytes) { return cudaMallocHost(ptr, bytes); }
+using DeviceBuffer = GrowBuffer<DeviceAlloc, cudaFree>;
+using PinnedBuffer = GrowBuffer<PinnedAlloc, cudaFreeHost>;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Jobs of one launch: bounds the workspace (jobs x V floats) whatever the prompt length.
@@ -327,20 +313,16 @@ std::vector<double> CudaBackend::last_stage_us() const { return impl_->stage_us;
 
 namespace {
 
-// The penalty entries of one row: distinct tokens of prompt ∪ output (∪ extra), with counts.
+// The penalty entries of one row (sampler/penalties: distinct tokens with output counts).
 std::vector<cuda::Penalty> PenaltiesFor(const NormalizedParams& params,
                                         const std::vector<int32_t>& prompt,
                                         const std::vector<int32_t>& output,
                                         const std::vector<int32_t>& extra) {
   std::vector<cuda::Penalty> out;
   if (!params.HasPenalties()) return out;
-  std::map<int32_t, int32_t> counts;
-  for (int32_t t : prompt) counts.emplace(t, 0);
-  for (int32_t t : output) ++counts[t];
-  for (int32_t t : extra) ++counts[t];
-  for (const auto& [token, count] : counts) {
-    out.push_back(cuda::Penalty{token, count, params.repetition_penalty, params.presence_penalty,
-                                params.frequency_penalty});
+  for (const PenaltyTerm& term : PenaltyTerms(prompt, output, extra)) {
+    out.push_back(cuda::Penalty{term.token, term.count, params.repetition_penalty,
+                                params.presence_penalty, params.frequency_penalty});
   }
   return out;
 }

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "sampler/dtype.h"
+#include "sampler/penalties.h"
 #include "sampler/row_kernels.h"
 
 namespace samplerd {
@@ -139,44 +140,10 @@ void RowProcessor::ApplyMask(const unsigned char* mask) {
 
 void RowProcessor::ApplyPenalties(const RowOptions& options) {
   const NormalizedParams& params = *options.params;
-  // Output history (with the row's extra tokens) sorted, for counts; prompt sorted, for the
-  // distinct set prompt ∪ output.
-  std::vector<int32_t>& output = ids_;
-  output.assign(options.output_tokens.begin(), options.output_tokens.end());
-  output.insert(output.end(), options.extra_output_tokens.begin(),
-                options.extra_output_tokens.end());
-  std::sort(output.begin(), output.end());
-  std::vector<int32_t> prompt(options.prompt_tokens.begin(), options.prompt_tokens.end());
-  std::sort(prompt.begin(), prompt.end());
-
-  if (params.repetition_penalty != 1.0f) {
-    const float r = params.repetition_penalty;
-    auto penalise = [&](int32_t t) {
-      const float x = scores_[t];
-      scores_[t] = x > 0.0f ? x / r : x * r;
-    };
-    // Each distinct token of the union once, in increasing id order.
-    size_t i = 0, j = 0;
-    int32_t last = -1;
-    while (i < prompt.size() || j < output.size()) {
-      int32_t t;
-      if (j >= output.size() || (i < prompt.size() && prompt[i] <= output[j])) {
-        t = prompt[i++];
-      } else {
-        t = output[j++];
-      }
-      if (t != last) penalise(t);
-      last = t;
-    }
-  }
-  if (params.presence_penalty != 0.0f || params.frequency_penalty != 0.0f) {
-    for (size_t i = 0; i < output.size();) {
-      size_t j = i;
-      while (j < output.size() && output[j] == output[i]) ++j;
-      const float count = static_cast<float>(j - i);
-      scores_[output[i]] -= params.presence_penalty + params.frequency_penalty * count;
-      i = j;
-    }
+  for (const PenaltyTerm& term : PenaltyTerms(options.prompt_tokens, options.output_tokens,
+                                              options.extra_output_tokens)) {
+    scores_[term.token] = ApplyPenalty(scores_[term.token], term, params.repetition_penalty,
+                                       params.presence_penalty, params.frequency_penalty);
   }
 }
 
