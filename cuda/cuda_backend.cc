@@ -12,6 +12,7 @@
 #include "cuda/sampling_launch.h"
 #include "sampler/dtype.h"
 #include "sampler/penalties.h"
+#include "sampler/row_processor.h"
 #include "sampler/status_macros.h"
 #include "sampler/step_assembly.h"
 
@@ -477,15 +478,9 @@ absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
   std::vector<RowOutcome> outcomes(num_sample_jobs);
   size_t pool_row = 0;
   auto row_error = [&](const HostJob& h, int32_t code) {
-    const int32_t logits_row = h.job.logits_row;
     const std::string field = RequestField(h.request);
-    if (code == 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": logits row ", logits_row, " has a NaN or +inf among its first vocab_size = ",
-          V, " columns"));
-    }
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": logits row ", logits_row, " has no token left (every token is masked or -inf)"));
+    return code == 1 ? NonFiniteLogitsError(field, h.job.logits_row, V)
+                     : NoTokenLeftError(field, h.job.logits_row);
   };
   for (size_t k = 0; k < num_sample_jobs; ++k) {
     const HostJob& h = jobs[k];

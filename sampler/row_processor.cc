@@ -67,6 +67,17 @@ int32_t DrawByWeight(int32_t vocab, WeightFn weight, double u) {
 
 }  // namespace
 
+absl::Status NonFiniteLogitsError(const std::string& field, int32_t row, int32_t vocab_size) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": logits row ", row,
+                                                 " has a NaN or +inf among its first vocab_size = ",
+                                                 vocab_size, " columns"));
+}
+
+absl::Status NoTokenLeftError(const std::string& field, int32_t row) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": logits row ", row, " has no token left (every token is masked or -inf)"));
+}
+
 absl::Status RowProcessor::Process(const LogitsView& logits, int32_t row,
                                    const RowOptions& options) {
   const NormalizedParams& params = *options.params;
@@ -81,9 +92,7 @@ absl::Status RowProcessor::Process(const LogitsView& logits, int32_t row,
   // Step 1: padding columns (>= V) are never read, so never sampled.
   LoadRowAsFloat(logits, row, vocab, scores_.data());
   if (HasNanOrPosInf(scores_.data(), vocab)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        options.field, ": logits row ", row, " has a NaN or +inf among its first vocab_size = ",
-        vocab, " columns"));
+    return NonFiniteLogitsError(options.field, row, vocab);
   }
   if (!options.prompt_mode) {
     if (options.mask != nullptr) ApplyMask(options.mask);                    // step 2
@@ -96,9 +105,7 @@ absl::Status RowProcessor::Process(const LogitsView& logits, int32_t row,
 
   max_score_ = RowMax(scores_.data(), vocab);
   if (max_score_ == kNegInf) {
-    return absl::InvalidArgumentError(absl::StrCat(options.field, ": logits row ", row,
-                                                   " has no token left (every token is masked "
-                                                   "or -inf)"));
+    return NoTokenLeftError(options.field, row);
   }
   total_sum_ = ExpShiftAndSum(scores_.data(), vocab, max_score_, weights_.data());
   // Until a filter cuts it, the kept set is every finite token: the cut (-inf, -1) admits

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -44,6 +45,10 @@ struct RowOptions {
   // Field named in row errors, e.g. "requests[2] row 7".
   const char* field = "";
 };
+
+// The row faults of SPEC 3, worded once for every backend. `field` names the request.
+absl::Status NonFiniteLogitsError(const std::string& field, int32_t row, int32_t vocab_size);
+absl::Status NoTokenLeftError(const std::string& field, int32_t row);
 
 class RowProcessor {
  public:
