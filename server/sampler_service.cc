@@ -54,9 +54,15 @@ absl::Status SamplerService::RunStep(const v1::SampleRequest& request,
   auto converted = StepFromProto(request, &registry_);
   absl::StatusOr<StepResult> result;
   Clock::time_point computed = start, done = start;
+  int64_t rows = 0;  // logits rows the step samples or reads for prompt logprobs
   if (converted.ok()) {
     auto plan = PlanConvertedStep(**converted, options_.limits, seed_source_);
     if (plan.ok()) {
+      for (size_t i = 0; i < plan->requests.size(); ++i) {
+        if (!plan->requests[i].status.ok()) continue;
+        rows += static_cast<int64_t>(plan->requests[i].sampled_rows.size() +
+                                     (*converted)->step.requests[i].prompt_targets.size());
+      }
       absl::MutexLock lock(&backend_mu_);
       computed = Clock::now();
       result = backend_.Sample(*plan);
@@ -79,14 +85,12 @@ absl::Status SamplerService::RunStep(const v1::SampleRequest& request,
   timing->set_queue_us(Micros(computed - start));
   timing->set_compute_us(Micros(done - computed));
   timing->set_total_us(Micros(end - start));
-  int64_t rows = 0;
   for (const RequestResult& r : result->results) {
     if (!r.status.ok()) {
       metrics_.CountError(r.status.code());
       spdlog::debug("step {} request '{}': {}", request.step_id(), r.request_id,
                     r.status.ToString());
     }
-    rows += static_cast<int64_t>(r.token_ids.size());
   }
   metrics_.ObserveStep((*converted)->step.kind, std::chrono::duration<double>(end - start).count(),
                        rows, static_cast<int64_t>(result->results.size()));

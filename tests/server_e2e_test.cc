@@ -381,6 +381,8 @@ TEST_F(ServerE2E, PrometheusMetricsCountSteps) {
   const std::string metrics = HttpGet(server_->metrics_port(), "/metrics");
   EXPECT_THAT(metrics, HasSubstr("samplerd_step_seconds_count{kind=\"PREFILL\"} 2"));
   EXPECT_THAT(metrics, HasSubstr("samplerd_requests_total{kind=\"PREFILL\"} 6"));
+  // Rows read: 3 in the first step, 2 in the second (its bad request reads none).
+  EXPECT_THAT(metrics, HasSubstr("samplerd_rows_total{kind=\"PREFILL\"} 5"));
   EXPECT_THAT(metrics, HasSubstr("samplerd_errors_total{code=\"INVALID_ARGUMENT\"} 1"));
   EXPECT_THAT(metrics, HasSubstr("samplerd_steps_in_flight 0"));
 }
