@@ -6,12 +6,15 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "cuda/sampling_launch.h"
 #include "sampler/dtype.h"
 #include "sampler/penalties.h"
+#include "sampler/range_allocator.h"
 #include "sampler/row_processor.h"
 #include "sampler/status_macros.h"
 #include "sampler/step_assembly.h"
@@ -93,8 +96,56 @@ struct HostJob {
   bool prompt;
   const unsigned char* mask;  // host bytes, or null
   bool verify;
+  int32_t q_host = -1;            // verify: index of the host q row to upload, or
+  const float* q_device = nullptr;  // the pooled q row already on the device
   bool draft_out;
+  std::shared_ptr<const DeviceDraftRow> pool_row;  // DRAFT: where the kernel writes the row
   std::vector<cuda::Penalty> penalties;
+};
+
+// The draft pool's device memory: one slab of the pool's capacity, allocated at the first
+// DRAFT step, carved into rows by a RangeAllocator. A DRAFT step's kernel writes each row's
+// processed logprobs straight into its range and the DECODE step that verifies it reads them
+// there: no copy either way. A row's range is freed by its shared_ptr's deleter, in whichever
+// thread drops the last reference (the DECODE step, Release, a row replaced in the pool);
+// kernels never read a freed range, since steps run one at a time and end with their stream.
+class DeviceDraftStore : public std::enable_shared_from_this<DeviceDraftStore> {
+ public:
+  // 32 floats: every row starts 128-byte aligned.
+  explicit DeviceDraftStore(int64_t capacity_floats) : ranges_(capacity_floats, 32) {}
+  ~DeviceDraftStore() {
+    if (slab_ != nullptr) cudaFree(slab_);
+  }
+
+  // RESOURCE_EXHAUSTED when no free range holds `values` floats.
+  absl::StatusOr<std::shared_ptr<const DeviceDraftRow>> Allocate(int64_t values) {
+    absl::MutexLock lock(&mu_);
+    if (slab_ == nullptr && ranges_.capacity() > 0) {
+      SAMPLERD_CUDA_RETURN(cudaMalloc(reinterpret_cast<void**>(&slab_),
+                                      static_cast<size_t>(ranges_.capacity()) * sizeof(float)));
+    }
+    const std::optional<int64_t> at = ranges_.Allocate(values);
+    if (!at.has_value()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "draft pool full: a draft row needs ", ranges_.Reserved(values),
+          " elements of device memory, the largest free range has ", ranges_.largest_free(),
+          " (", ranges_.capacity() - ranges_.used(), " of ", ranges_.capacity(), " free)"));
+    }
+    auto* row = new DeviceDraftRow{slab_ + *at, values, ranges_.Reserved(values)};
+    std::shared_ptr<DeviceDraftStore> self = shared_from_this();
+    return std::shared_ptr<const DeviceDraftRow>(row, [self, offset = *at](const DeviceDraftRow* r) {
+      {
+        absl::MutexLock lock(&self->mu_);
+        self->ranges_.Free(offset);
+      }
+      delete r;
+    });
+  }
+
+ private:
+  absl::Mutex mu_;
+  RangeAllocator ranges_ ABSL_GUARDED_BY(mu_);
+  float* slab_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace
@@ -115,7 +166,10 @@ bool CudaDeviceUsable(int device, std::string* why) {
 }
 
 struct CudaBackend::Impl {
-  explicit Impl(const CudaBackendOptions& options) : options(options), pool(options.draft_pool) {}
+  explicit Impl(const CudaBackendOptions& options)
+      : options(options),
+        draft_store(std::make_shared<DeviceDraftStore>(options.draft_pool.capacity_elements)),
+        pool(options.draft_pool) {}
   ~Impl() {
     if (start != nullptr) cudaEventDestroy(start);
     if (stop != nullptr) cudaEventDestroy(stop);
@@ -136,18 +190,21 @@ struct CudaBackend::Impl {
 
   absl::Status RunJobs(const Step& step, const LogitsView& device_logits,
                        std::vector<HostJob>& jobs, size_t begin, size_t end,
-                       std::vector<cuda::RowResult>& results, std::vector<std::vector<float>>& pool_rows,
-                       const std::vector<const float*>& q_rows_host);
+                       std::vector<cuda::RowResult>& results,
+                       const std::vector<std::vector<float>>& q_rows_host);
 
   const CudaBackendOptions options;
+  // Declared before the pool: the pool's rows free themselves into the store (which their
+  // deleters also keep alive).
+  std::shared_ptr<DeviceDraftStore> draft_store;
   DraftPool pool;
   std::string device_name;
   cudaStream_t stream = nullptr;
   cudaEvent_t start = nullptr, stop = nullptr;
 
   absl::Mutex mu;  // one step at a time: buffers below are per step
-  DeviceBuffer logits, jobs_d, penalties_d, masks_d, q_d, pool_out_d, workspace, results_d;
-  PinnedBuffer staging, results_h, pool_h;
+  DeviceBuffer logits, jobs_d, penalties_d, masks_d, q_d, workspace, results_d;
+  PinnedBuffer staging, results_h;
   float kernel_us = 0.0f;
   bool stage_timing = false;
   int debug_flags = 0;
@@ -158,18 +215,16 @@ struct CudaBackend::Impl {
 absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& device_logits,
                                         std::vector<HostJob>& jobs, size_t begin, size_t end,
                                         std::vector<cuda::RowResult>& results,
-                                        std::vector<std::vector<float>>& pool_rows,
-                                        const std::vector<const float*>& q_rows_host) {
+                                        const std::vector<std::vector<float>>& q_rows_host) {
   const int32_t V = step.vocab_size;
   const int n = static_cast<int>(end - begin);
   const size_t mask_bytes = 4 * ((static_cast<size_t>(V) + 31) / 32);
-  int masks = 0, verifies = 0, draft_outs = 0;
+  int masks = 0, verifies = 0;  // verifies: q rows uploaded from the host
   std::vector<cuda::Penalty> penalties;
   for (size_t i = begin; i < end; ++i) {
     HostJob& h = jobs[i];
     masks += h.mask != nullptr;
-    verifies += h.verify;
-    draft_outs += h.draft_out;
+    verifies += h.q_host >= 0;
     h.job.penalty_begin = static_cast<int32_t>(penalties.size());
     penalties.insert(penalties.end(), h.penalties.begin(), h.penalties.end());
     h.job.penalty_end = static_cast<int32_t>(penalties.size());
@@ -178,11 +233,9 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
   RETURN_IF_ERROR(penalties_d.Reserve(penalties.size() * sizeof(cuda::Penalty)));
   RETURN_IF_ERROR(masks_d.Reserve(masks * mask_bytes));
   RETURN_IF_ERROR(q_d.Reserve(static_cast<size_t>(verifies) * V * sizeof(float)));
-  RETURN_IF_ERROR(pool_out_d.Reserve(static_cast<size_t>(draft_outs) * V * sizeof(float)));
   RETURN_IF_ERROR(workspace.Reserve(cuda::StepParams::WorkspaceBytes(n, V)));
   RETURN_IF_ERROR(results_d.Reserve(n * sizeof(cuda::RowResult)));
   RETURN_IF_ERROR(results_h.Reserve(n * sizeof(cuda::RowResult)));
-  RETURN_IF_ERROR(pool_h.Reserve(static_cast<size_t>(draft_outs) * V * sizeof(float)));
 
   // Stage jobs, penalties, masks and draft rows in pinned memory, then one copy each.
   const size_t job_bytes = n * sizeof(cuda::RowJob);
@@ -196,7 +249,7 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
   unsigned char* mask_stage = reinterpret_cast<unsigned char*>(stage + job_bytes + pen_bytes);
   float* q_stage = reinterpret_cast<float*>(stage + job_bytes + pen_bytes + masks * mask_bytes);
   std::memcpy(pen_stage, penalties.data(), pen_bytes);
-  int m = 0, qv = 0, po = 0;
+  int m = 0, qv = 0;
   for (int k = 0; k < n; ++k) {
     HostJob& h = jobs[begin + k];
     cuda::RowJob job = h.job;
@@ -208,15 +261,15 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
       job.mask = masks_d.as<unsigned char>() + m * mask_bytes;
       ++m;
     }
-    if (h.verify) {
-      std::memcpy(q_stage + static_cast<size_t>(qv) * V, q_rows_host[begin + k], V * sizeof(float));
+    if (h.q_device != nullptr) {
+      job.q_dense = h.q_device;
+    } else if (h.q_host >= 0) {
+      std::memcpy(q_stage + static_cast<size_t>(qv) * V, q_rows_host[h.q_host].data(), V * sizeof(float));
       job.q_dense = q_d.as<float>() + static_cast<size_t>(qv) * V;
       ++qv;
     }
-    if (h.draft_out) {
-      job.pool_out = pool_out_d.as<float>() + static_cast<size_t>(po) * V;
-      ++po;
-    }
+    // A DRAFT row whose device range could not be had (its request has failed) writes nothing.
+    if (h.pool_row != nullptr) job.pool_out = const_cast<float*>(h.pool_row->data);
     job_stage[k] = job;
   }
   SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(jobs_d.as<void>(), job_stage, job_bytes, cudaMemcpyHostToDevice, stream));
@@ -268,11 +321,6 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
   SAMPLERD_CUDA_RETURN(cudaEventRecord(stop, stream));
   SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(results_h.as<void>(), results_d.as<void>(),
                                        n * sizeof(cuda::RowResult), cudaMemcpyDeviceToHost, stream));
-  if (draft_outs > 0) {
-    SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(pool_h.as<void>(), pool_out_d.as<void>(),
-                                         static_cast<size_t>(draft_outs) * V * sizeof(float),
-                                         cudaMemcpyDeviceToHost, stream));
-  }
   SAMPLERD_CUDA_RETURN(cudaStreamSynchronize(stream));  // this stream only, never the device
   if (stage_timing) {
     unsigned long long t[9];
@@ -285,10 +333,6 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
   kernel_us += ms * 1000.0f;
   const cuda::RowResult* r = results_h.as<cuda::RowResult>();
   results.insert(results.end(), r, r + n);
-  for (int k = 0; k < draft_outs; ++k) {
-    const float* row = pool_h.as<float>() + static_cast<size_t>(k) * V;
-    pool_rows.emplace_back(row, row + V);
-  }
   return absl::OkStatus();
 }
 
@@ -344,8 +388,7 @@ absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
 
   // Host jobs: the sampled rows, then the prompt rows.
   std::vector<HostJob> jobs;
-  std::vector<std::vector<float>> q_rows;  // dense q of each verify job (host)
-  std::vector<const float*> q_ptrs;
+  std::vector<std::vector<float>> q_rows;  // dense q of the verify jobs whose q is on the host
   for (const RowTask& task : tasks) {
     const RequestPlan& request = plan.requests[task.request];
     const RequestInputs& inputs = *request.inputs;
@@ -380,49 +423,58 @@ absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
     if (verify) {
       h.verify = true;
       j.draft_token = inputs.draft_token_ids[task.index];
-      std::vector<float> q(V, kNegInf);
       const DraftDistributions& d = inputs.drafts;
-      if (d.form == DraftDistributions::Form::kDense) {
-        LoadRowAsFloat(d.values, task.index, V, q.data());
-      } else if (d.form == DraftDistributions::Form::kTopN) {
-        const int32_t n = d.values.cols;
-        std::vector<float> values(n);
-        LoadRowAsFloat(d.values, task.index, n, values.data());
-        for (int32_t i = 0; i < n; ++i) {
-          const int32_t t = d.token_ids[static_cast<size_t>(task.index) * n + i];
-          if (t >= 0 && q[t] == kNegInf) q[t] = values[i];  // the first occurrence counts
-        }
+      const DraftRow* pooled = d.form == DraftDistributions::Form::kPool
+                                   ? &pool_entries[task.request].at(task.index + 1)
+                                   : nullptr;
+      if (pooled != nullptr && pooled->device != nullptr) {
+        // This backend's own DRAFT output, still on the device: read in place. The kernel
+        // wrote -inf or finite processed logprobs, so there is nothing to check.
+        h.q_device = pooled->device->data;
       } else {
-        const DraftRow& pooled = pool_entries[task.request].at(task.index + 1);
-        if (pooled.token_ids.empty()) {
-          std::copy(pooled.logprobs.begin(), pooled.logprobs.end(), q.begin());
+        std::vector<float> q(V, kNegInf);
+        if (d.form == DraftDistributions::Form::kDense) {
+          LoadRowAsFloat(d.values, task.index, V, q.data());
+        } else if (d.form == DraftDistributions::Form::kTopN) {
+          const int32_t n = d.values.cols;
+          std::vector<float> values(n);
+          LoadRowAsFloat(d.values, task.index, n, values.data());
+          for (int32_t i = 0; i < n; ++i) {
+            const int32_t t = d.token_ids[static_cast<size_t>(task.index) * n + i];
+            if (t >= 0 && q[t] == kNegInf) q[t] = values[i];  // the first occurrence counts
+          }
+        } else if (pooled->token_ids.empty()) {
+          std::copy(pooled->logprobs.begin(), pooled->logprobs.end(), q.begin());
         } else {
-          for (size_t i = 0; i < pooled.token_ids.size(); ++i) {
-            const int32_t t = pooled.token_ids[i];
-            if (t >= 0 && t < V && q[t] == kNegInf) q[t] = pooled.logprobs[i];
+          for (size_t i = 0; i < pooled->token_ids.size(); ++i) {
+            const int32_t t = pooled->token_ids[i];
+            if (t >= 0 && t < V && q[t] == kNegInf) q[t] = pooled->logprobs[i];
           }
         }
+        // Draft logprobs of NaN or +inf are the request's error, as on the CPU backend; they
+        // are checked where verification could read them.
+        bool bad = false;
+        for (float v : q) bad |= std::isnan(v) || v == std::numeric_limits<float>::infinity();
+        if (bad) {
+          result.results[task.request].status = absl::InvalidArgumentError(absl::StrCat(
+              RequestField(task.request), ": a draft logprob at verify row ", task.index,
+              " is NaN or +inf"));
+        }
+        h.q_host = static_cast<int32_t>(q_rows.size());
+        q_rows.push_back(std::move(q));
       }
-      // Draft logprobs of NaN or +inf are the request's error, as on the CPU backend; they
-      // are checked where verification could read them.
-      bool bad = false;
-      for (float v : q) bad |= std::isnan(v) || v == std::numeric_limits<float>::infinity();
-      if (bad) {
-        result.results[task.request].status = absl::InvalidArgumentError(absl::StrCat(
-            RequestField(task.request), ": a draft logprob at verify row ", task.index,
-            " is NaN or +inf"));
-      }
-      q_rows.push_back(std::move(q));
     }
     h.draft_out = step.kind == StepKind::kDraft;
-    jobs.push_back(std::move(h));
-  }
-  std::vector<size_t> q_index(jobs.size(), 0);
-  {
-    size_t v = 0;
-    for (size_t k = 0; k < jobs.size(); ++k) {
-      if (jobs[k].verify) q_index[k] = v++;
+    if (h.draft_out && result.results[task.request].status.ok()) {
+      auto row = impl.draft_store->Allocate(V);
+      if (row.ok()) {
+        h.pool_row = *std::move(row);
+      } else {
+        result.results[task.request].status = absl::Status(
+            row.status().code(), absl::StrCat(RequestField(task.request), ": ", row.status().message()));
+      }
     }
+    jobs.push_back(std::move(h));
   }
   const size_t num_sample_jobs = jobs.size();
   if (step.kind == StepKind::kPrefill) {
@@ -448,10 +500,6 @@ absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
       }
     }
   }
-  q_ptrs.resize(jobs.size(), nullptr);
-  for (size_t k = 0; k < num_sample_jobs; ++k) {
-    if (jobs[k].verify) q_ptrs[k] = q_rows[q_index[k]].data();
-  }
 
   // Logits: host views are copied to the device once per step.
   LogitsView device_logits = step.logits;
@@ -468,15 +516,13 @@ absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
         impl.stream, static_cast<cudaEvent_t>(const_cast<void*>(step.logits.ready_event)), 0));
   }
   std::vector<cuda::RowResult> results;
-  std::vector<std::vector<float>> pool_rows;
   for (size_t begin = 0; begin < jobs.size(); begin += kMaxJobsPerLaunch) {
     const size_t end = std::min(jobs.size(), begin + kMaxJobsPerLaunch);
-    RETURN_IF_ERROR(impl.RunJobs(step, device_logits, jobs, begin, end, results, pool_rows, q_ptrs));
+    RETURN_IF_ERROR(impl.RunJobs(step, device_logits, jobs, begin, end, results, q_rows));
   }
 
   // Outcomes of the sampled rows, and the prompt logprobs.
   std::vector<RowOutcome> outcomes(num_sample_jobs);
-  size_t pool_row = 0;
   auto row_error = [&](const HostJob& h, int32_t code) {
     const std::string field = RequestField(h.request);
     return code == 1 ? NonFiniteLogitsError(field, h.job.logits_row, V)
@@ -488,7 +534,6 @@ absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
     RowOutcome& out = outcomes[k];
     if (r.status != 0) {
       out.status = row_error(h, (r.status & 1) ? 1 : 2);
-      if (h.draft_out) ++pool_row;
       continue;
     }
     out.accepted = r.accepted != 0;
@@ -499,7 +544,7 @@ absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
       out.top.token_ids.assign(r.top_ids, r.top_ids + h.job.top_logprobs);
       out.top.logprobs.assign(r.top_logprobs, r.top_logprobs + h.job.top_logprobs);
     }
-    if (h.draft_out) out.draft_row.logprobs = std::move(pool_rows[pool_row++]);
+    if (h.draft_out) out.draft_row.device = h.pool_row;
   }
   std::vector<std::vector<float>> prompt_logprobs(plan.requests.size());
   for (size_t i = 0; i < plan.requests.size(); ++i) {

@@ -316,6 +316,88 @@ TEST(CudaBackend, DecodeAndDraftMatchCpu) {
   EXPECT_LE(tally.token_mismatches, 1);
 }
 
+// The CUDA pool keeps DRAFT rows in device memory (V rounded up to 32 floats each): a pool of
+// three rows admits a request of two, fails the next request that would need a fourth
+// (RESOURCE_EXHAUSTED, and its partial allocation is returned), and gives every row back when
+// DECODE consumes it or Release drops it: 50 DRAFT/DECODE cycles of three rows run in a pool
+// of exactly three. DECODE from the device pool matches the CPU backend's DECODE from its own.
+TEST(CudaBackend, DraftPoolLivesOnTheDevice) {
+  const int32_t vocab = 1000, row_elements = 1024;
+  CudaBackendOptions options;
+  options.draft_pool.capacity_elements = 3 * row_elements;
+  auto created = CudaBackend::Create(options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  CudaBackend& gpu = **created;
+  auto cpu = Cpu();
+  SamplingParams params;
+  params.temperature = 0.8f;
+  params.top_k = 20;
+  auto draft_step = [&](std::vector<int> rows_per_request, const HostLogits& logits) {
+    Step step = MakeStep(StepKind::kDraft, logits, vocab);
+    int row = 0;
+    for (size_t i = 0; i < rows_per_request.size(); ++i) {
+      RequestInputs d;
+      d.request_id = "p" + std::to_string(i);
+      for (int j = 0; j < rows_per_request[i]; ++j) {
+        d.rows.push_back(row++);
+        d.draft_indices.push_back(j + 1);
+      }
+      d.params = params;
+      d.params.seq_seed = 40 + i;
+      d.sample_position = 9;
+      step.requests.push_back(d);
+    }
+    return step;
+  };
+  auto decode_step = [&](const std::vector<int32_t>& drafts, const HostLogits& logits) {
+    Step step = MakeStep(StepKind::kDecode, logits, vocab);
+    RequestInputs r;
+    r.request_id = "p0";
+    r.first_row = 0;
+    r.num_rows = static_cast<int32_t>(drafts.size()) + 1;
+    r.sample_position = 10;
+    r.params = params;
+    r.params.seq_seed = 40;
+    r.draft_token_ids = drafts;
+    r.drafts.form = DraftDistributions::Form::kPool;
+    step.requests.push_back(r);
+    return step;
+  };
+
+  HostLogits draft_logits(4, vocab, 11, 2.0f);
+  const StepResult first = RunStep(gpu, draft_step({2, 2}, draft_logits));
+  ASSERT_TRUE(first.results[0].status.ok()) << first.results[0].status;
+  EXPECT_EQ(first.results[1].status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(first.results[1].status.message().find("requests[1]: draft pool full"), std::string::npos)
+      << first.results[1].status;
+  EXPECT_EQ(gpu.draft_pool().UsedElements(), 2 * row_elements);
+
+  // The same DRAFT (p0 alone) and DECODE on the CPU: the same tokens.
+  const StepResult cpu_first = RunStep(*cpu, draft_step({2}, draft_logits));
+  EXPECT_EQ(cpu_first.results[0].token_ids, first.results[0].token_ids);
+  HostLogits target(3, vocab, 12, 2.0f);
+  const StepResult gpu_decode = RunStep(gpu, decode_step(first.results[0].token_ids, target));
+  const StepResult cpu_decode = RunStep(*cpu, decode_step(cpu_first.results[0].token_ids, target));
+  ASSERT_TRUE(gpu_decode.results[0].status.ok()) << gpu_decode.results[0].status;
+  EXPECT_EQ(gpu_decode.results[0].token_ids, cpu_decode.results[0].token_ids);
+  EXPECT_EQ(gpu_decode.results[0].num_accepted, cpu_decode.results[0].num_accepted);
+  EXPECT_EQ(gpu.draft_pool().UsedElements(), 0);
+
+  for (int cycle = 0; cycle < 50; ++cycle) {
+    HostLogits logits(3, vocab, 100 + cycle, 2.0f);
+    const StepResult d = RunStep(gpu, draft_step({3}, logits));
+    ASSERT_TRUE(d.results[0].status.ok()) << "cycle " << cycle << ": " << d.results[0].status;
+    if (cycle % 2 == 0) {
+      HostLogits t(4, vocab, 200 + cycle, 2.0f);
+      const StepResult v = RunStep(gpu, decode_step(d.results[0].token_ids, t));
+      ASSERT_TRUE(v.results[0].status.ok()) << "cycle " << cycle << ": " << v.results[0].status;
+    } else {
+      EXPECT_EQ(gpu.draft_pool().Release("p0"), 3);
+    }
+    ASSERT_EQ(gpu.draft_pool().UsedElements(), 0);
+  }
+}
+
 TEST(CudaBackend, BitwiseRepeatableAndBatchInvariant) {
   auto gpu = Gpu();
   ASSERT_NE(gpu, nullptr);

@@ -4,7 +4,8 @@
 //
 // Entries are keyed by request_id, then by draft index i (1..nextn). A row is dense (V
 // processed logprobs) or, with force top-N, N (token id, processed logprob) pairs. Capacity is
-// counted in elements (a float or an id each): a dense row costs V, a top-N row 2N.
+// counted in elements (a float or an id each): a dense row costs V, a top-N row 2N. The CUDA
+// backend keeps its rows dense in device memory (DeviceDraftRow), V rounded up to 32 each.
 //
 //   DraftPool pool({.capacity_elements = 325LL * 4096 * 2});
 //   RETURN_IF_ERROR(pool.Store("req-1", {{/*draft_index=*/1, std::move(row)}}));
@@ -14,6 +15,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,12 +32,28 @@ struct DraftPoolOptions {
   int64_t capacity_elements = 325LL * 129280;
 };
 
-// One draft row's processed distribution.
+// A dense draft row kept in a backend's device memory (the CUDA backend's pool stays on the
+// GPU between the DRAFT and the DECODE step): `data` is a device pointer to `values` processed
+// logprobs, and the pool counts the `reserved` elements the backend set aside for it. The
+// backend frees the memory when the last reference goes (its shared_ptr deleter).
+struct DeviceDraftRow {
+  const float* data = nullptr;
+  int64_t values = 0;
+  int64_t reserved = 0;
+};
+
+// One draft row's processed distribution: on the host, or (`device` set, the vectors empty)
+// on the device.
 struct DraftRow {
   std::vector<float> logprobs;     // dense: V values; top-N: N values
   std::vector<int32_t> token_ids;  // empty = dense; else N ids matching `logprobs`
+  std::shared_ptr<const DeviceDraftRow> device;
+  // Dense rows: how many logprobs the row holds (V when it fits the step).
+  int64_t DenseValues() const {
+    return device ? device->values : static_cast<int64_t>(logprobs.size());
+  }
   int64_t Elements() const {
-    return static_cast<int64_t>(logprobs.size() + token_ids.size());
+    return device ? device->reserved : static_cast<int64_t>(logprobs.size() + token_ids.size());
   }
 };
 

@@ -45,10 +45,9 @@ void TakeDecodeDrafts(const StepPlan& plan, DraftPool& pool, StepResult& result,
         status = absl::FailedPreconditionError(absl::StrCat(
             field, ": the draft pool holds no draft ", d, " of request '", inputs.request_id,
             "' (num_rows = ", inputs.num_rows, " verifies drafts 1..", inputs.num_rows - 1, ")"));
-      } else if (it->second.token_ids.empty() &&
-                 static_cast<int32_t>(it->second.logprobs.size()) != step.vocab_size) {
+      } else if (it->second.token_ids.empty() && it->second.DenseValues() != step.vocab_size) {
         status = absl::FailedPreconditionError(absl::StrCat(
-            field, ": pooled draft ", d, " has ", it->second.logprobs.size(),
+            field, ": pooled draft ", d, " has ", it->second.DenseValues(),
             " logprobs but this step's vocab_size is ", step.vocab_size));
       }
     }
