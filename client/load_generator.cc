@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "client/device_logits.h"
 #include "client/sampler_client.h"
 
 namespace samplerd {
@@ -54,8 +55,19 @@ void RunStream(const LoadOptions& options, int index, SamplerClient& client, Str
   std::normal_distribution<float> normal(0.0f, 2.0f);
   for (float& v : logits) v = normal(rng);
   std::unique_ptr<ShmBuffer> shm;
+  std::unique_ptr<DeviceLogits> device;
   const std::string buffer_name = absl::StrCat("bench-", getpid(), "-", index);
-  if (options.shm) {
+  using Source = LoadOptions::Source;
+  if (options.source == Source::kCudaIpc) {
+    auto created = DeviceLogits::Create(logits.data(), bytes, /*device=*/0);
+    if (!created.ok()) {
+      out.status = created.status();
+      return;
+    }
+    device = std::move(*created);
+    out.status = client.RegisterBuffer(device->RegisterRequest(buffer_name));
+    if (!out.status.ok()) return;
+  } else if (options.source == Source::kShm) {
     auto created = ShmBuffer::Create("/samplerd-" + buffer_name, bytes);
     if (!created.ok()) {
       out.status = created.status();
@@ -82,7 +94,7 @@ void RunStream(const LoadOptions& options, int index, SamplerClient& client, Str
     tensor->set_rows(options.rows);
     tensor->set_cols(options.vocab);
     const Clock::time_point start = Clock::now();
-    if (options.shm) {
+    if (options.source != Source::kInline) {
       tensor->mutable_buffer()->set_name(buffer_name);
     } else {
       // The copy into the message is part of what inline logits cost.
@@ -107,7 +119,9 @@ void RunStream(const LoadOptions& options, int index, SamplerClient& client, Str
     }
   }
   if (stream) out.status = stream->Close();
-  if (options.shm && out.status.ok()) out.status = client.UnregisterBuffer(buffer_name);
+  if (options.source != Source::kInline && out.status.ok()) {
+    out.status = client.UnregisterBuffer(buffer_name);
+  }
 }
 
 double Percentile(std::vector<double> v, double q) {
@@ -118,6 +132,18 @@ double Percentile(std::vector<double> v, double q) {
 }
 
 }  // namespace
+
+const char* SourceName(LoadOptions::Source source) {
+  switch (source) {
+    case LoadOptions::Source::kShm:
+      return "shm";
+    case LoadOptions::Source::kCudaIpc:
+      return "cuda_ipc";
+    case LoadOptions::Source::kInline:
+      break;
+  }
+  return "inline";
+}
 
 absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
   if (options.streams < 1 || options.rows < 1 || options.vocab < 1 || options.steps < 1) {
@@ -154,7 +180,7 @@ std::string FormatReport(const LoadOptions& options, const LoadReport& report) {
   return absl::StrFormat(
       "streams=%d rows=%d vocab=%d source=%s mode=%s steps=%d: %.1f steps/s, latency p50 %.0f us "
       "p99 %.0f us max %.0f us (server compute p50 %.0f us)\n",
-      options.streams, options.rows, options.vocab, options.shm ? "shm" : "inline",
+      options.streams, options.rows, options.vocab, SourceName(options.source),
       options.streaming ? "stream" : "unary", report.steps, report.steps / report.seconds,
       report.p50_us, report.p99_us, report.max_us, report.server_compute_p50_us);
 }

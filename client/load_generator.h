@@ -1,6 +1,7 @@
 // `samplerctl bench`: a load generator for a running samplerd. Each stream (a thread) sends
-// PREFILL steps of `rows` requests over V = `vocab` random fp32 logits, inline or through a
-// registered shm region, unary or on one SampleStream, and records each step's latency.
+// PREFILL steps of `rows` requests over V = `vocab` random fp32 logits, inline, through a
+// registered shm region or through a registered CUDA IPC region (logits in this process's GPU
+// memory, as a model worker's), unary or on one SampleStream, and records each step's latency.
 //
 //   ASSIGN_OR_RETURN(LoadReport report, RunLoad(options));
 //   std::cout << FormatReport(options, report);
@@ -21,7 +22,8 @@ struct LoadOptions {
   int vocab = 129280;
   int steps = 200;          // per stream, after `warmup` steps
   int warmup = 10;
-  bool shm = false;         // logits through a registered HOST_SHM region, else inline bytes
+  enum class Source { kInline, kShm, kCudaIpc };
+  Source source = Source::kInline;
   bool streaming = false;   // SampleStream, else unary Sample
 };
 
@@ -34,6 +36,7 @@ struct LoadReport {
 
 // Errors: the first failed call's status.
 absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options);
+const char* SourceName(LoadOptions::Source source);
 std::string FormatReport(const LoadOptions& options, const LoadReport& report);
 
 }  // namespace samplerd

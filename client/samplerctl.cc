@@ -6,7 +6,7 @@
 //   samplerctl health --target=ADDR [--service=S]  grpc.health.v1 Check: prints SERVING or
 //                                                  NOT_SERVING, exits 0 only when SERVING
 //   samplerctl bench --target=ADDR [--streams=1] [--rows=16] [--vocab=129280] [--steps=200]
-//                    [--source=inline|shm] [--mode=unary|stream]
+//                    [--source=inline|shm|cuda_ipc] [--mode=unary|stream]
 //
 // FILE holds protobuf JSON (one SampleRequest, a JSON array, or {"steps": [...]}); "-" reads
 // standard input. Exit status: 0 on success, 2 for bad usage, 1 otherwise (reason on stderr).
@@ -33,7 +33,7 @@ constexpr char kUsage[] =
     "  info --target=ADDR                  server info as JSON\n"
     "  health --target=ADDR [--service=S]  SERVING / NOT_SERVING (exit 0 only when serving)\n"
     "  bench --target=ADDR [--streams=1] [--rows=16] [--vocab=129280] [--steps=200]\n"
-    "        [--source=inline|shm] [--mode=unary|stream]\n"
+    "        [--source=inline|shm|cuda_ipc] [--mode=unary|stream]\n"
     "FILE: protobuf JSON, one SampleRequest, an array, or {\"steps\": [...]}; - = stdin\n";
 
 // --name=value flags and positional arguments of one command.
@@ -189,11 +189,14 @@ int Bench(const Args& args) {
   }
   const std::string source = args.Get("source", "inline");
   const std::string mode = args.Get("mode", "unary");
-  if ((source != "inline" && source != "shm") || (mode != "unary" && mode != "stream")) {
-    std::cerr << "samplerctl: --source=inline|shm, --mode=unary|stream\n";
+  if ((source != "inline" && source != "shm" && source != "cuda_ipc") ||
+      (mode != "unary" && mode != "stream")) {
+    std::cerr << "samplerctl: --source=inline|shm|cuda_ipc, --mode=unary|stream\n";
     return 2;
   }
-  options.shm = source == "shm";
+  options.source = source == "shm"        ? samplerd::LoadOptions::Source::kShm
+                   : source == "cuda_ipc" ? samplerd::LoadOptions::Source::kCudaIpc
+                                          : samplerd::LoadOptions::Source::kInline;
   options.streaming = mode == "stream";
   auto report = RunLoad(options);
   if (!report.ok()) return Fail(report.status());

@@ -14,9 +14,11 @@ if [[ ${1:-} == run ]]; then
   python3 bench/torch_baseline.py || status=$?
   exit $status
 fi
-bazel build -c opt //cuda:cuda_backend_test //bench:gpu_bench //server:samplerd //client:samplerctl //tests:fake_worker //tests:cuda_ipc_worker
+bazel build -c opt //cuda:cuda_backend_test //bench:gpu_bench //server:samplerd //client:samplerctl //tests:fake_worker //tests:cuda_ipc_worker //proto:sampler_descriptor_set
 grep -qx '/.device-pack/' .git/info/exclude 2>/dev/null || echo '/.device-pack/' >> .git/info/exclude
 rm -rf .device-pack
 ../shared/tools/device-pack .device-pack bazel-bin/cuda/cuda_backend_test bazel-bin/bench/gpu_bench \
   bazel-bin/server/samplerd bazel-bin/client/samplerctl bazel-bin/tests/fake_worker \
   bazel-bin/tests/cuda_ipc_worker
+# The service's descriptors, for the PyTorch worker (tests/torch_ipc_worker.py).
+cp bazel-bin/proto/samplerd/v1/sampler.desc .device-pack/

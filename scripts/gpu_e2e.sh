@@ -1,20 +1,37 @@
 #!/usr/bin/env bash
 # On the GPU machine (after scripts/gpu_check.sh packed .device-pack): samplerd with
-# --backend=auto (CUDA there), GetServerInfo, the example step, and `samplerctl bench` with
-# R = 16, V = 129,280, logits in a registered shm region, unary and streaming.
+# --backend=auto (CUDA there) and a second samplerd on the CPU backend as the reference;
+# GetServerInfo, the example step, the two fake workers with logits in GPU memory
+# (tests/cuda_ipc_worker: cudaMalloc + IPC event; tests/torch_ipc_worker.py: a PyTorch tensor
+# through _share_cuda_()), and `samplerctl bench` with R = 16, V = 129,280: logits in a
+# registered CUDA IPC region, a registered shm region and inline, unary and streaming.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source .device-pack/env.sh
 dir=$(mktemp -d)
-.device-pack/bin/samplerd --listen=127.0.0.1:0 --port_file="$dir/port" --log_level=info &
-pid=$!
-for _ in $(seq 200); do [[ -s $dir/port ]] && break; sleep 0.05; done
-target=127.0.0.1:$(head -1 "$dir/port")
+start() {  # start NAME ARGS...: a samplerd whose address lands in $dir/NAME.addr
+  local name=$1; shift
+  .device-pack/bin/samplerd --listen=127.0.0.1:0 --port_file="$dir/$name.port" "$@" &
+  for _ in $(seq 200); do [[ -s $dir/$name.port ]] && break; sleep 0.05; done
+  echo "127.0.0.1:$(head -1 "$dir/$name.port")" > "$dir/$name.addr"
+}
+start gpu --log_level=info
+gpu_pid=$!
+start cpu --backend=cpu --log_level=warning
+cpu_pid=$!
+target=$(cat "$dir/gpu.addr")
+status=0
 .device-pack/bin/samplerctl info --target="$target" | head -5
 .device-pack/bin/samplerctl sample --target="$target" examples/prefill.json | grep -A2 tokenIds | head -6
-for mode in unary stream; do
-  .device-pack/bin/samplerctl bench --target="$target" --rows=16 --vocab=129280 --steps=200 --source=shm --mode=$mode
+.device-pack/bin/cuda_ipc_worker --target="$target" || { echo "cuda_ipc_worker FAILED"; status=1; }
+PYTHONUNBUFFERED=1 python3 tests/torch_ipc_worker.py --target="$target" --reference="$(cat "$dir/cpu.addr")" \
+  --descriptors=.device-pack/sampler.desc || { echo "torch_ipc_worker FAILED"; status=1; }
+for source in cuda_ipc shm; do
+  for mode in unary stream; do
+    .device-pack/bin/samplerctl bench --target="$target" --rows=16 --vocab=129280 --steps=500 \
+      --source=$source --mode=$mode || status=1
+  done
 done
 .device-pack/bin/samplerctl bench --target="$target" --rows=16 --vocab=129280 --steps=100 --source=inline --mode=stream
-.device-pack/bin/cuda_ipc_worker --target="$target" || echo "cuda_ipc_worker FAILED"
-kill -TERM $pid; wait $pid; echo "samplerd exit $?"
+kill -TERM $gpu_pid $cpu_pid; wait $gpu_pid; echo "samplerd exit $?"
+exit $status

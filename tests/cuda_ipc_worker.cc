@@ -9,8 +9,6 @@
 // on a host copy of the same logits (tokens equal, logprobs within 1e-5). Then the errors:
 // another device id, a region larger than the allocation, a slice past its end.
 // Exits 0 when everything agrees.
-//
-// NOT YET RUN (written after this session's device time was spent).
 #include <cuda_runtime_api.h>
 
 #include <cmath>
