@@ -203,7 +203,7 @@ struct CudaBackend::Impl {
   cudaEvent_t start = nullptr, stop = nullptr;
 
   absl::Mutex mu;  // one step at a time: buffers below are per step
-  DeviceBuffer logits, jobs_d, penalties_d, masks_d, q_d, workspace, results_d;
+  DeviceBuffer logits, jobs_d, lists_d, penalties_d, masks_d, q_d, workspace, split_d, results_d;
   PinnedBuffer staging, results_h;
   float kernel_us = 0.0f;
   bool stage_timing = false;
@@ -241,13 +241,15 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
   const size_t job_bytes = n * sizeof(cuda::RowJob);
   const size_t pen_bytes = penalties.size() * sizeof(cuda::Penalty);
   const size_t q_bytes = static_cast<size_t>(verifies) * V * sizeof(float);
-  const size_t staging_bytes = job_bytes + pen_bytes + masks * mask_bytes + q_bytes + 64;
+  const size_t list_bytes = n * sizeof(int32_t);  // split_jobs, then fused_jobs
+  const size_t staging_bytes = job_bytes + pen_bytes + masks * mask_bytes + q_bytes + list_bytes + 64;
   RETURN_IF_ERROR(staging.Reserve(staging_bytes));
   char* stage = staging.as<char>();
   cuda::RowJob* job_stage = reinterpret_cast<cuda::RowJob*>(stage);
   cuda::Penalty* pen_stage = reinterpret_cast<cuda::Penalty*>(stage + job_bytes);
   unsigned char* mask_stage = reinterpret_cast<unsigned char*>(stage + job_bytes + pen_bytes);
   float* q_stage = reinterpret_cast<float*>(stage + job_bytes + pen_bytes + masks * mask_bytes);
+  int32_t* list_stage = reinterpret_cast<int32_t*>(reinterpret_cast<char*>(q_stage) + q_bytes);
   std::memcpy(pen_stage, penalties.data(), pen_bytes);
   int m = 0, qv = 0;
   for (int k = 0; k < n; ++k) {
@@ -272,6 +274,21 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
     if (h.pool_row != nullptr) job.pool_out = const_cast<float*>(h.pool_row->data);
     job_stage[k] = job;
   }
+  // Each job's path from its own parameters (never from the batch): split, else fused.
+  const bool fused_fits = cuda::FusedPathFits(V);
+  const bool split_on = fused_fits && (debug_flags & CudaBackend::kDebugNoSplitPath) == 0;
+  int num_split = 0;
+  for (int k = 0; k < n; ++k) {
+    if (split_on && cuda::SplitPathEligible(job_stage[k], V)) list_stage[num_split++] = k;
+  }
+  int num_fused = num_split;
+  for (int k = 0; k < n; ++k) {
+    if (!(split_on && cuda::SplitPathEligible(job_stage[k], V))) list_stage[num_fused++] = k;
+  }
+  num_fused -= num_split;
+  RETURN_IF_ERROR(lists_d.Reserve(list_bytes));
+  RETURN_IF_ERROR(split_d.Reserve(cuda::SplitScratchBytes(num_split, V)));
+  SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(lists_d.as<void>(), list_stage, list_bytes, cudaMemcpyHostToDevice, stream));
   SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(jobs_d.as<void>(), job_stage, job_bytes, cudaMemcpyHostToDevice, stream));
   if (pen_bytes > 0) {
     SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(penalties_d.as<void>(), pen_stage, pen_bytes, cudaMemcpyHostToDevice, stream));
@@ -299,6 +316,13 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
   params.workspace = ws;
   params.row_max = row_max;
   params.results = results_d.as<cuda::RowResult>();
+  if (fused_fits) {
+    params.split_jobs = lists_d.as<int32_t>();
+    params.num_split = num_split;
+    params.split_scratch = split_d.as<void>();
+    params.fused_jobs = lists_d.as<int32_t>() + num_split;
+    params.num_fused = num_fused;
+  }
   if (stage_timing) {
     RETURN_IF_ERROR(stage_d.Reserve(9 * sizeof(unsigned long long)));
     SAMPLERD_CUDA_RETURN(cudaMemsetAsync(stage_d.as<void>(), 0, 9 * sizeof(unsigned long long), stream));
@@ -309,9 +333,11 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
     return absl::InternalError(absl::StrCat("cuda step params: ", invalid));
   }
   SAMPLERD_CUDA_RETURN(cudaEventRecord(start, stream));
-  if (cuda::FusedPathFits(V)) {
-    // One read of each row by a cluster of blocks, which also runs the general algorithm for
-    // the rows its candidates cannot finish.
+  if (fused_fits) {
+    // Rows with a small top-k: independent blocks over chunks of each row, then one finishing
+    // block per row. The rest: one read of each row by a cluster of blocks, which also runs the
+    // general algorithm for the rows its candidates cannot finish.
+    SAMPLERD_CUDA_RETURN(cuda::LaunchSplitRows(params, stream));
     SAMPLERD_CUDA_RETURN(cuda::LaunchFusedRows(params, stream));
   } else {
     SAMPLERD_CUDA_RETURN(cuda::LaunchPrepareRows(params, stream));

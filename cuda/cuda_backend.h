@@ -45,7 +45,9 @@ class CudaBackend final : public Backend {
   // Kernel time of the last step, in microseconds (CUDA events around the launches).
   float last_kernel_us() const;
   // Benchmarks: record the fused kernel's stage times (ns since its start) of the next steps.
-  // `debug_flags`: see cuda::StepParams::debug_flags (timing experiments only).
+  // `debug_flags`: see cuda::StepParams::debug_flags (timing experiments only), and
+  // kDebugNoSplitPath: every row on the fused path (to compare the two in one run).
+  static constexpr int kDebugNoSplitPath = 1 << 8;
   void set_stage_timing(bool on, int debug_flags = 0);
   std::vector<double> last_stage_us() const;
 

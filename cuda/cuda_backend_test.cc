@@ -203,7 +203,7 @@ TEST(CudaBackend, Bf16Fp16PromptLogprobsGoldenAndNanMatchCpu) {
     for (int k = 0; k < prompt; ++k) a.prompt_targets.push_back((k * 131) % vocab);
     a.params.temperature = 0.8f;
     a.params.top_p = 0.9f;
-    a.params.top_k = 100;
+    a.params.top_k = 100;  // the fused path; the split path's prompt rows: the test below
     RequestInputs b = PrefillRequest("b", prompt + 1, 6);
     b.golden_token_ids = {1234};
     b.params.top_logprobs = 4;
@@ -216,6 +216,73 @@ TEST(CudaBackend, Bf16Fp16PromptLogprobsGoldenAndNanMatchCpu) {
     EXPECT_EQ(on_gpu.results[2].status.code(), absl::StatusCode::kInvalidArgument);
   }
   EXPECT_EQ(tally.token_mismatches, 0);
+}
+
+// The split path (top_k <= 64) on rows that stress its candidate lists: all-equal logits and
+// heavy ties (chunks overflow: the general algorithm finishes the row), a block of tokens
+// tied at the max across chunk boundaries, prompt logprobs, masks and penalties, fp32 and
+// bf16, V = 129,280 (16 chunks) and 8,200 (a last chunk of 8 tokens).
+TEST(CudaBackend, SplitPathTiesOverflowAndPromptRowsMatchCpu) {
+  auto gpu = Gpu();
+  ASSERT_NE(gpu, nullptr);
+  auto cpu = Cpu();
+  Tally tally;
+  for (int32_t vocab : {8200, 129280}) {
+    const int rows = 6, prompt = 5;
+    HostLogits logits(rows + prompt, vocab, 31, 2.0f);
+    std::mt19937_64 rng(5);
+    for (int32_t c = 0; c < vocab; ++c) {
+      logits.Row(0)[c] = 0.0f;                                        // flat
+      logits.Row(1)[c] = static_cast<float>(rng() % 3);               // heavy ties
+      if (c % 97 == 0) logits.Row(2)[c] = 9.0f;                       // a tied block at the max
+    }
+    std::vector<uint16_t> half(logits.values.size());
+    for (size_t i = 0; i < half.size(); ++i) half[i] = FloatToBFloat16(logits.values[i]);
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      for (int32_t top_k : {1, 10, 64}) {
+        Step step = MakeStep(StepKind::kPrefill, logits, vocab);
+        step.compute_sum_smaller_probs = true;
+        if (dtype == DType::kBFloat16) {
+          step.logits.dtype = dtype;
+          step.logits.data = half.data();
+        }
+        std::vector<std::string> masks;
+        masks.reserve(rows);
+        for (int r = 0; r < rows; ++r) {
+          RequestInputs req = PrefillRequest("r" + std::to_string(r), r, 60 + r + top_k, 9);
+          req.params.temperature = 0.7f;
+          req.params.top_p = r == 3 ? 0.5f : 0.95f;
+          req.params.top_k = top_k;
+          req.params.top_logprobs = std::min(top_k, 5);
+          if (r == 4) {
+            std::vector<int32_t> allowed;
+            for (int32_t t = 0; t < vocab; t += 3) allowed.push_back(t);
+            masks.push_back(MaskOf(vocab, allowed));
+            req.allowed_token_masks = {masks.back()};
+          }
+          if (r == 5) {
+            req.params.repetition_penalty = 1.5f;
+            req.params.presence_penalty = 1.0f;
+            req.output_token_ids = {1, 8199, 8192, 8191, 100};
+          }
+          step.requests.push_back(req);
+        }
+        RequestInputs p = PrefillRequest("p", rows + prompt - 1, 3);
+        p.prompt_first_row = rows;
+        for (int k = 0; k < prompt - 1; ++k) p.prompt_targets.push_back((k * 4099) % vocab);
+        p.params.temperature = 0.9f;
+        p.params.top_k = top_k;
+        step.requests.push_back(p);
+        Compare(RunStep(*cpu, step), RunStep(*gpu, step), tally,
+                "V=" + std::to_string(vocab) + " top_k=" + std::to_string(top_k) + " " +
+                    DTypeName(dtype));
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+  std::printf("split path: %d requests, %d token mismatches, %d logprobs compared\n",
+              tally.requests, tally.token_mismatches, tally.compared_logprobs);
+  EXPECT_LE(tally.token_mismatches, 1);
 }
 
 TEST(CudaBackend, DecodeAndDraftMatchCpu) {

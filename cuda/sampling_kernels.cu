@@ -711,12 +711,92 @@ __device__ __forceinline__ unsigned long long GlobalTimer() {
   return t;
 }
 
+// Loads elements [lo, lo + n) of a job's logits row into xs (padding is never read) in one
+// pass: NaN / +inf in a real column sets *bad, the grammar mask (not for prompt rows) makes
+// removed tokens -inf, and *m is the max; then the job's sparse penalties that fall in the
+// chunk, and the max again (penalties can raise values). Per-thread partials: the caller
+// reduces *bad and *m over the block. Any block size.
+__device__ void LoadChunk(const StepParams& p, const RowJob& job, const char* row, int lo, int n,
+                          float* xs, int* bad_out, float* m_out) {
+  const bool use_mask = job.mask != nullptr && job.kind != kRowPrompt;
+  int bad = 0;
+  float m = kNegInf;
+  auto admit = [&](int i, float v) {
+    bad |= !(v < INFINITY);
+    const int c = lo + i;
+    if (use_mask && ((job.mask[c >> 3] >> (c & 7)) & 1) == 0) v = kNegInf;
+    xs[i] = v;
+    m = fmaxf(m, v);
+  };
+  const bool vector_f32 =
+      p.dtype == kF32 && (reinterpret_cast<uintptr_t>(row) % 16 == 0) && (lo % 4 == 0);
+  if (vector_f32) {
+    const float4* src = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(row) + lo);
+    const int n4 = n / 4;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+      const float4 v = src[i];
+      admit(4 * i, v.x);
+      admit(4 * i + 1, v.y);
+      admit(4 * i + 2, v.z);
+      admit(4 * i + 3, v.w);
+    }
+    for (int i = 4 * n4 + threadIdx.x; i < n; i += blockDim.x) {
+      admit(i, reinterpret_cast<const float*>(row)[lo + i]);
+    }
+  } else if (p.dtype != kF32 && (reinterpret_cast<uintptr_t>(row) % 16 == 0) && (lo % 8 == 0)) {
+    // 16-byte loads of eight bf16 / fp16 values.
+    const uint4* src = reinterpret_cast<const uint4*>(static_cast<const char*>(static_cast<const void*>(row)) + 2 * static_cast<int64_t>(lo));
+    const int n8 = n / 8;
+#pragma unroll 2
+    for (int i = threadIdx.x; i < n8; i += blockDim.x) {
+      const uint4 v = src[i];
+      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const uint16_t lo16 = static_cast<uint16_t>(words[w] & 0xFFFFu);
+        const uint16_t hi16 = static_cast<uint16_t>(words[w] >> 16);
+        float a, b;
+        if (p.dtype == kBF16) {
+          a = __uint_as_float(static_cast<uint32_t>(lo16) << 16);
+          b = __uint_as_float(static_cast<uint32_t>(hi16) << 16);
+        } else {
+          a = __half2float(__ushort_as_half(lo16));
+          b = __half2float(__ushort_as_half(hi16));
+        }
+        admit(8 * i + 2 * w, a);
+        admit(8 * i + 2 * w + 1, b);
+      }
+    }
+    for (int i = 8 * n8 + threadIdx.x; i < n; i += blockDim.x) admit(i, LoadLogit(row, p.dtype, lo + i));
+  } else {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) admit(i, LoadLogit(row, p.dtype, lo + i));
+  }
+  if (job.penalty_end > job.penalty_begin) {
+    __syncthreads();
+    for (int k = job.penalty_begin + threadIdx.x; k < job.penalty_end; k += blockDim.x) {
+      const Penalty pen = p.penalties[k];
+      if (pen.token < lo || pen.token >= lo + n) continue;
+      float v = xs[pen.token - lo];
+      if (pen.repetition != 1.0f) v = v > 0.0f ? v / pen.repetition : v * pen.repetition;
+      if (pen.count > 0) v = v - (pen.presence + pen.frequency * static_cast<float>(pen.count));
+      xs[pen.token - lo] = v;
+    }
+    __syncthreads();
+    m = kNegInf;  // penalties can raise values: take the max again
+    for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, xs[i]);
+  }
+  *bad_out = bad;
+  *m_out = m;
+}
+
 __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kClusterThreads, 2)
     ClusterSampleKernel(StepParams p, int chunk) {
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
-  const int j = blockIdx.x / kClusterBlocks;
-  const bool timed = p.stage_times != nullptr && j == 0 && rank == 0;
+  const int j = p.fused_jobs != nullptr ? p.fused_jobs[blockIdx.x / kClusterBlocks]
+                                         : static_cast<int>(blockIdx.x / kClusterBlocks);
+  const bool timed = p.stage_times != nullptr && blockIdx.x / kClusterBlocks == 0 && rank == 0;
   auto stage = [&](int k) {
     if (timed && threadIdx.x == 0) p.stage_times[k] = GlobalTimer();
   };
@@ -738,77 +818,12 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
   const char* row = static_cast<const char*>(p.logits) +
                     static_cast<int64_t>(job.logits_row) * p.row_stride * elem;
   const bool prompt = job.kind == kRowPrompt;
-  const bool use_mask = job.mask != nullptr && !prompt;
 
   // Load the chunk once (padding is never read), checking NaN/+inf, applying the grammar mask
   // and taking the max in the same pass; then the sparse penalties.
   int bad = 0;
   float m = kNegInf;
-  auto admit = [&](int i, float v) {
-    bad |= !(v < INFINITY);
-    const int c = lo + i;
-    if (use_mask && ((job.mask[c >> 3] >> (c & 7)) & 1) == 0) v = kNegInf;
-    xs[i] = v;
-    m = fmaxf(m, v);
-  };
-  auto load_chunk = [&]() {
-    const bool vector_f32 =
-        p.dtype == kF32 && (reinterpret_cast<uintptr_t>(row) % 16 == 0) && (lo % 4 == 0);
-    if (vector_f32) {
-      const float4* src = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(row) + lo);
-      const int n4 = n / 4;
-      for (int i = threadIdx.x; i < n4; i += blockDim.x) {
-        const float4 v = src[i];
-        admit(4 * i, v.x);
-        admit(4 * i + 1, v.y);
-        admit(4 * i + 2, v.z);
-        admit(4 * i + 3, v.w);
-      }
-      for (int i = 4 * n4 + threadIdx.x; i < n; i += blockDim.x) {
-        admit(i, reinterpret_cast<const float*>(row)[lo + i]);
-      }
-    } else if (p.dtype != kF32 && (reinterpret_cast<uintptr_t>(row) % 16 == 0) && (lo % 8 == 0)) {
-      // 16-byte loads of eight bf16 / fp16 values.
-      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const char*>(static_cast<const void*>(row)) + 2 * static_cast<int64_t>(lo));
-      const int n8 = n / 8;
-      for (int i = threadIdx.x; i < n8; i += blockDim.x) {
-        const uint4 v = src[i];
-        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          const uint16_t lo16 = static_cast<uint16_t>(words[w] & 0xFFFFu);
-          const uint16_t hi16 = static_cast<uint16_t>(words[w] >> 16);
-          float a, b;
-          if (p.dtype == kBF16) {
-            a = __uint_as_float(static_cast<uint32_t>(lo16) << 16);
-            b = __uint_as_float(static_cast<uint32_t>(hi16) << 16);
-          } else {
-            a = __half2float(__ushort_as_half(lo16));
-            b = __half2float(__ushort_as_half(hi16));
-          }
-          admit(8 * i + 2 * w, a);
-          admit(8 * i + 2 * w + 1, b);
-        }
-      }
-      for (int i = 8 * n8 + threadIdx.x; i < n; i += blockDim.x) admit(i, LoadLogit(row, p.dtype, lo + i));
-    } else {
-      for (int i = threadIdx.x; i < n; i += blockDim.x) admit(i, LoadLogit(row, p.dtype, lo + i));
-    }
-    if (job.penalty_end > job.penalty_begin) {
-      __syncthreads();
-      for (int k = job.penalty_begin + threadIdx.x; k < job.penalty_end; k += blockDim.x) {
-        const Penalty pen = p.penalties[k];
-        if (pen.token < lo || pen.token >= lo + n) continue;
-        float v = xs[pen.token - lo];
-        if (pen.repetition != 1.0f) v = v > 0.0f ? v / pen.repetition : v * pen.repetition;
-        if (pen.count > 0) v = v - (pen.presence + pen.frequency * static_cast<float>(pen.count));
-        xs[pen.token - lo] = v;
-      }
-      __syncthreads();
-      m = kNegInf;  // penalties can raise values: take the max again
-      for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, xs[i]);
-    }
-  };
+  auto load_chunk = [&]() { LoadChunk(p, job, row, lo, n, xs, &bad, &m); };
   load_chunk();
   stage(1);
   m = BlockReduce(m, MaxOp(), sh.scratch_f);
@@ -1043,6 +1058,247 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
   stage(6);
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// The split path, for rows with a small top-k (1 <= top_k <= kSplitMaxK, SplitPathEligible):
+// the kept set, and so every output, lies among the row's top_k tokens in the order (s desc,
+// id asc). The row is cut into chunks of kSplitChunk tokens, one independent block each
+// (SplitChunkKernel): it reads its chunk once into shared memory and leaves the chunk's max of
+// x, its Z partial and its own top_k tokens, exactly, in the split scratch. A second launch
+// (SplitFinishKernel), one block per row, merges the chunks' lists (the row's top_k is among
+// their union), then runs FinishCandidates. No cluster and no resident row: many chunks are in
+// flight on every SM, which the fused path (a row resident in a cluster through a long chain of
+// dependent passes) cannot have when R is large. A chunk whose candidates overflow its list (a
+// flat row: very many equal values) flags the row, and the finishing block runs the general
+// algorithm on it instead. Chunks, their order and every reduction depend on V only.
+
+constexpr int kSplitThreads = 256;
+constexpr int kSplitCapacity = 512;   // tokens a chunk may collect before it overflows
+constexpr int kSplitFinishThreads = 512;
+constexpr int kSplitMaxChunks = 64;   // SplitPathEligible keeps chunks * top_k <= 2048
+
+struct SplitPartial {
+  float max_x;    // the chunk's max of x (-inf: nothing finite in it)
+  float z;        // sum over the chunk of exp2((x - max_x) * log2(e) / T)
+  int32_t bad;    // NaN / +inf in a real column
+  int32_t count;  // tokens listed (min(top_k, finite tokens)), or -1: overflow
+};
+
+// Where each split job's partials and lists live in p.split_scratch (SplitScratchBytes).
+struct SplitLayout {
+  SplitPartial* partials;  // [num_split][chunks]
+  float* cand_s;           // [num_split][chunks][kSplitMaxK], s = x / T, in order
+  int32_t* cand_id;        // the same, token ids
+  int chunks;
+  __device__ explicit SplitLayout(const StepParams& p) {
+    chunks = (p.vocab_size + kSplitChunk - 1) / kSplitChunk;
+    const int64_t slots = static_cast<int64_t>(p.num_split) * chunks;
+    partials = static_cast<SplitPartial*>(p.split_scratch);
+    cand_s = reinterpret_cast<float*>(partials + slots);
+    cand_id = reinterpret_cast<int32_t*>(cand_s + slots * kSplitMaxK);
+  }
+};
+
+// (s, id) ranks before (t, jd) in the order "s desc, id asc".
+__device__ __forceinline__ bool RanksBefore(float s, int id, float t, int jd) {
+  return s > t || (s == t && id < jd);
+}
+
+__global__ void __launch_bounds__(kSplitThreads) SplitChunkKernel(StepParams p) {
+  __shared__ float xs[kSplitChunk];
+  __shared__ float thread_max[kSplitThreads];
+  __shared__ float coll_s[kSplitCapacity];
+  __shared__ int coll_id[kSplitCapacity];
+  __shared__ float scratch_f[32];
+  __shared__ int scratch_i[32];
+  __shared__ int collected;
+  __shared__ float threshold;
+  const int split_index = blockIdx.y;
+  const int chunk = blockIdx.x;
+  const int j = p.split_jobs[split_index];
+  const RowJob job = p.jobs[j];
+  const int V = p.vocab_size;
+  const int lo = chunk * kSplitChunk;
+  const int n = min(V, lo + kSplitChunk) - lo;
+  const int elem = p.dtype == kF32 ? 4 : 2;
+  const char* row = static_cast<const char*>(p.logits) +
+                    static_cast<int64_t>(job.logits_row) * p.row_stride * elem;
+  const SplitLayout layout(p);
+  const int64_t slot = static_cast<int64_t>(split_index) * layout.chunks + chunk;
+  if (threadIdx.x == 0) {
+    collected = 0;
+    threshold = kNegInf;
+  }
+  int bad;
+  float m;
+  LoadChunk(p, job, row, lo, n, xs, &bad, &m);
+  m = BlockReduce(m, MaxOp(), scratch_f);  // its first barrier publishes xs
+  bad = BlockReduce(bad, MaxOp(), scratch_i);
+  const float T = job.temperature;
+  const int K = job.top_k;
+  // Z's partial (exp2 of x * log2(e) / T: Z only feeds top-p and the logprobs' normaliser, within
+  // the CPU's 1e-5 tolerance) and each thread's max over its tokens t, t + 256, ...
+  const float scale = 1.4426950408889634f / T;
+  float tmax = kNegInf, z = 0.0f;
+  if (m != kNegInf) {
+    for (int i = threadIdx.x; i < n; i += kSplitThreads) {
+      const float v = xs[i];
+      tmax = fmaxf(tmax, v);
+      z += exp2f((v - m) * scale);
+    }
+  }
+  z = BlockReduce(z, SumOp(), scratch_f);
+  thread_max[threadIdx.x] = tmax;
+  __syncthreads();
+  // The K-th largest thread max (ties by thread index) bounds the chunk's K-th largest x from
+  // below: the K threads at or above it each hold a token at least that large. Division by T
+  // is monotone, so every token of the chunk's top K by (s desc, id asc) has s >= that / T.
+  {
+    int r = 0;
+    for (int u = 0; u < kSplitThreads; ++u) {
+      const float w = thread_max[u];
+      r += w > tmax || (w == tmax && u < static_cast<int>(threadIdx.x));
+    }
+    if (r == K - 1) threshold = tmax;
+  }
+  __syncthreads();
+  const float s_min = threshold / T;
+  for (int i = threadIdx.x; i < n; i += kSplitThreads) {
+    const float v = xs[i];
+    if (v == kNegInf) continue;
+    const float sv = v / T;  // the exact score, as FinishCandidates and the CPU take it
+    if (sv >= s_min) {
+      const int at = atomicAdd(&collected, 1);  // slots in any order: only ranks are kept
+      if (at < kSplitCapacity) {
+        coll_s[at] = sv;
+        coll_id[at] = lo + i;
+      }
+    }
+  }
+  __syncthreads();
+  const int nc = collected;
+  SplitPartial* part = layout.partials + slot;
+  if (nc > kSplitCapacity) {
+    if (threadIdx.x == 0) *part = SplitPartial{m, z, bad, -1};
+    return;
+  }
+  // The chunk's top K: each collected token's rank among the collected (a total order).
+  for (int a = threadIdx.x; a < nc; a += kSplitThreads) {
+    const float sa = coll_s[a];
+    const int ia = coll_id[a];
+    int r = 0;
+    for (int b = 0; b < nc; ++b) r += RanksBefore(coll_s[b], coll_id[b], sa, ia);
+    if (r < K) {
+      layout.cand_s[slot * kSplitMaxK + r] = sa;
+      layout.cand_id[slot * kSplitMaxK + r] = ia;
+    }
+  }
+  if (threadIdx.x == 0) *part = SplitPartial{m, z, bad, min(nc, K)};
+}
+
+__global__ void __launch_bounds__(kSplitFinishThreads) SplitFinishKernel(StepParams p) {
+  __shared__ Shared sh;
+  __shared__ int list_base[kSplitMaxChunks];
+  __shared__ int list_count[kSplitMaxChunks];
+  __shared__ float row_x_max;
+  __shared__ double row_z;
+  __shared__ int row_flags;  // 1 bad, 2 overflow
+  __shared__ int total;
+  const int split_index = blockIdx.x;
+  const int j = p.split_jobs[split_index];
+  const RowJob job = p.jobs[j];
+  RowResult& out = p.results[j];
+  const int V = p.vocab_size;
+  const SplitLayout layout(p);
+  const int C = layout.chunks;
+  const SplitPartial* parts = layout.partials + static_cast<int64_t>(split_index) * C;
+  const float T = job.temperature;
+  const int K = job.top_k;
+  if (threadIdx.x == 0) {
+    float x_max = kNegInf;
+    int flags = 0, listed = 0;
+    for (int c = 0; c < C; ++c) {
+      const SplitPartial q = parts[c];
+      x_max = fmaxf(x_max, q.max_x);
+      flags |= q.bad ? 1 : 0;
+      flags |= q.count < 0 ? 2 : 0;
+      list_base[c] = listed;
+      list_count[c] = max(q.count, 0);
+      listed += max(q.count, 0);
+    }
+    // Z = sum over chunks, in chunk order, of z_c * exp2((max_c - max) * log2(e) / T).
+    double z = 0.0;
+    const double scale = 1.4426950408889634 / static_cast<double>(T);
+    for (int c = 0; c < C; ++c) {
+      const SplitPartial q = parts[c];
+      if (q.max_x != kNegInf) {
+        z += static_cast<double>(q.z) * exp2(static_cast<double>(q.max_x - x_max) * scale);
+      }
+    }
+    row_x_max = x_max;
+    row_z = z;
+    row_flags = flags;
+    total = listed;
+  }
+  __syncthreads();
+  const float x_max = row_x_max;
+  if ((row_flags & 1) || x_max == kNegInf) {
+    if (threadIdx.x == 0) out.status = (row_flags & 1) ? 1 : 2;
+    return;
+  }
+  if (row_flags & 2) {
+    // A flat row: x into the workspace (steps 1-3 again), then the general algorithm.
+    const int elem = p.dtype == kF32 ? 4 : 2;
+    const char* row = static_cast<const char*>(p.logits) +
+                      static_cast<int64_t>(job.logits_row) * p.row_stride * elem;
+    float* x = p.workspace + static_cast<int64_t>(j) * V;
+    int bad;
+    float m;
+    LoadChunk(p, job, row, 0, V, x, &bad, &m);
+    m = BlockReduce(m, MaxOp(), sh.scratch_f);
+    if (threadIdx.x == 0) p.row_max[j] = OrderKey(m);
+    __syncthreads();
+    SampleRowGeneral(p, j, sh);
+    return;
+  }
+  // Every chunk's list, then each token's rank in the row: its place in its own (sorted) list
+  // plus, by binary search, how many tokens of every other list rank before it.
+  int* ids = reinterpret_cast<int*>(sh.cum);  // cum is free until FinishCandidates
+  const int listed = total;
+  for (int e = threadIdx.x; e < C * K; e += blockDim.x) {
+    const int c = e / K, i = e % K;
+    if (i < list_count[c]) {
+      const int64_t from = (static_cast<int64_t>(split_index) * C + c) * kSplitMaxK + i;
+      sh.cand_key[list_base[c] + i] = layout.cand_s[from];
+      ids[list_base[c] + i] = layout.cand_id[from];
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < C * K; e += blockDim.x) {
+    const int c = e / K, i = e % K;
+    if (i >= list_count[c]) continue;
+    const float sa = sh.cand_key[list_base[c] + i];
+    const int ia = ids[list_base[c] + i];
+    int r = i;
+    for (int c2 = 0; c2 < C; ++c2) {
+      if (c2 == c) continue;
+      int lo = 0, hi = list_count[c2];
+      const int b0 = list_base[c2];
+      while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (RanksBefore(sh.cand_key[b0 + mid], ids[b0 + mid], sa, ia)) lo = mid + 1; else hi = mid;
+      }
+      r += lo;
+    }
+    if (r < K) {
+      sh.cand_s[r] = sa;
+      sh.cand_id[r] = ia;
+    }
+  }
+  __syncthreads();
+  FinishCandidates(sh, job, out, V, x_max / T, row_z, min(listed, K));
+}
+
 }  // namespace detail
 
 const char* StepParams::Validate() const {
@@ -1055,6 +1311,13 @@ const char* StepParams::Validate() const {
   if (num_jobs > 0 && (workspace == nullptr || row_max == nullptr || results == nullptr)) {
     return "workspace, row_max and results are required";
   }
+  if (num_split < 0 || (num_split > 0 && (split_jobs == nullptr || split_scratch == nullptr))) {
+    return "split_jobs and split_scratch are required";
+  }
+  if (num_split > 0 && (vocab_size + kSplitChunk - 1) / kSplitChunk > detail::kSplitMaxChunks) {
+    return "vocab_size has too many chunks for the split path";
+  }
+  if (num_fused < 0 || (num_fused > 0 && fused_jobs == nullptr)) return "fused_jobs is null";
   return nullptr;
 }
 
@@ -1089,15 +1352,31 @@ bool FusedPathFits(int32_t vocab_size) {
 }
 
 cudaError_t LaunchFusedRows(const StepParams& params, cudaStream_t stream) {
-  if (params.num_jobs == 0) return cudaSuccess;
+  const int jobs = params.fused_jobs != nullptr ? params.num_fused : params.num_jobs;
+  if (jobs == 0) return cudaSuccess;
   const int chunk = FusedChunk(params.vocab_size);
   const size_t smem = static_cast<size_t>(chunk) * sizeof(float);
   cudaError_t error = cudaFuncSetAttribute(detail::ClusterSampleKernel,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(smem));
   if (error != cudaSuccess) return error;
-  detail::ClusterSampleKernel<<<params.num_jobs * detail::kClusterBlocks, detail::kClusterThreads,
-                                smem, stream>>>(params, chunk);
+  detail::ClusterSampleKernel<<<jobs * detail::kClusterBlocks, detail::kClusterThreads, smem,
+                                stream>>>(params, chunk);
+  return cudaGetLastError();
+}
+
+size_t SplitScratchBytes(int32_t num_split, int32_t vocab_size) {
+  const size_t slots =
+      static_cast<size_t>(num_split) * ((vocab_size + kSplitChunk - 1) / kSplitChunk);
+  return slots * (sizeof(detail::SplitPartial) + kSplitMaxK * (sizeof(float) + sizeof(int32_t)));
+}
+
+cudaError_t LaunchSplitRows(const StepParams& params, cudaStream_t stream) {
+  if (params.num_split == 0) return cudaSuccess;
+  const dim3 grid((params.vocab_size + kSplitChunk - 1) / kSplitChunk, params.num_split);
+  detail::SplitChunkKernel<<<grid, detail::kSplitThreads, 0, stream>>>(params);
+  if (cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
+  detail::SplitFinishKernel<<<params.num_split, detail::kSplitFinishThreads, 0, stream>>>(params);
   return cudaGetLastError();
 }
 

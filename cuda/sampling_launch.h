@@ -1,6 +1,9 @@
 // Launchers of samplerd's CUDA sampling kernels (host header: compiles without nvcc).
 //
-// A step runs as one LaunchFusedRows where the vocabulary fits FusedPathFits, else as three
+// Where the vocabulary fits FusedPathFits, a step's jobs are split by SplitPathEligible (each
+// job's own parameters, so a row's path never depends on the batch): eligible rows (a small
+// top-k) run as LaunchSplitRows (independent blocks over chunks of each row, then one
+// finishing block per row), the rest as LaunchFusedRows (a cluster per row). Otherwise three
 // launches on the caller's stream:
 //   LaunchPrepareRows   logits (fp32/bf16/fp16) -> workspace x: padding, grammar mask, NaN
 //                       check, per-row max; several blocks per row.
@@ -25,6 +28,8 @@ namespace samplerd {
 namespace cuda {
 
 inline constexpr int kMaxTopLogprobs = 64;  // per-row output capacity
+inline constexpr int kSplitChunk = 8192;    // tokens of a row per block on the split path
+inline constexpr int kSplitMaxK = 64;       // the largest top_k the split path takes
 
 // What a row job computes.
 enum RowJobKind : int32_t {
@@ -97,6 +102,13 @@ struct StepParams {
   unsigned int* row_max = nullptr;
   // out: [num_jobs].
   RowResult* results = nullptr;
+  // The split path's jobs (indices into jobs) and its scratch (SplitScratchBytes); the fused
+  // path's jobs (null: every job).
+  const int32_t* split_jobs = nullptr;
+  int32_t num_split = 0;
+  void* split_scratch = nullptr;
+  const int32_t* fused_jobs = nullptr;
+  int32_t num_fused = 0;
   // Optional (benchmarks): the fused kernel's block 0 of job 0 writes %globaltimer at its
   // stage boundaries here (9 entries, nanoseconds). Null = off.
   unsigned long long* stage_times = nullptr;
@@ -115,6 +127,17 @@ struct StepParams {
 // FusedPathFits(vocab_size).
 bool FusedPathFits(int32_t vocab_size);
 cudaError_t LaunchFusedRows(const StepParams& params, cudaStream_t stream);
+
+// Whether a job takes the split path: 1 <= top_k <= kSplitMaxK (and < V), no force top-N,
+// and at most 2048 candidates in all (chunks * top_k). Needs FusedPathFits(vocab_size).
+inline bool SplitPathEligible(const RowJob& job, int32_t vocab_size) {
+  const int chunks = (vocab_size + kSplitChunk - 1) / kSplitChunk;
+  const bool force = job.kind != kRowPrompt && job.force_top_n > 0 && job.force_top_n < vocab_size;
+  return job.top_k >= 1 && job.top_k <= kSplitMaxK && job.top_k < vocab_size && !force &&
+         chunks * job.top_k <= 2048;
+}
+[[nodiscard]] size_t SplitScratchBytes(int32_t num_split, int32_t vocab_size);
+cudaError_t LaunchSplitRows(const StepParams& params, cudaStream_t stream);
 
 cudaError_t LaunchPrepareRows(const StepParams& params, cudaStream_t stream);
 cudaError_t LaunchPenalties(const StepParams& params, cudaStream_t stream);
