@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
+
 #include "cuda/cuda_backend.h"
 #include "sampler/dtype.h"
 #include "bench/bench_params.h"
@@ -107,6 +109,8 @@ int Main(int argc, char** argv) {
   };
   std::printf("%-22s %12s %12s %14s %14s %10s\n", "config", "kernel us", "GB/s read", "% of copy BW",
               "fused-only us", "speedup");
+  std::printf("(split stages: chunk 0 of row 0 from its start: load, reductions, threshold, "
+              "collect, end; its row's finish block: start, merged, end)\n");
   for (const Config& c : configs) {
     if (quick && c.rows > 16) continue;
     HostLogits logits(c.rows, kVocab, 11, 2.0f);
@@ -165,10 +169,15 @@ int Main(int argc, char** argv) {
     const double us = MedianKernelUs(**gpu, step);
     (*gpu)->set_stage_timing(false, CudaBackend::kDebugNoSplitPath);
     const double fused_us = MedianKernelUs(**gpu, step);
+    (*gpu)->set_stage_timing(true, 0);
+    MedianKernelUs(**gpu, step);
+    std::string stages;
+    for (double t : (*gpu)->last_stage_us()) stages += absl::StrFormat(" %.1f", t);
     (*gpu)->set_stage_timing(false, 0);
     const double gbs = bytes / (us * 1e-6) / 1e9;
-    std::printf("%-22s %12.1f %12.0f %13.1f%% %14.1f %9.2fx\n", c.name.c_str(), us, gbs,
-                100.0 * gbs * 1e9 / bandwidth, fused_us, fused_us / us);
+    std::printf("%-22s %12.1f %12.0f %13.1f%% %14.1f %9.2fx   split stages us:%s\n",
+                c.name.c_str(), us, gbs, 100.0 * gbs * 1e9 / bandwidth, fused_us, fused_us / us,
+                stages.c_str());
     cudaFree(device);
   }
   return 0;

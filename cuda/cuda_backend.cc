@@ -73,6 +73,7 @@ using DeviceBuffer = GrowBuffer<DeviceAlloc, cudaFree>;
 using PinnedBuffer = GrowBuffer<PinnedAlloc, cudaFreeHost>;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int kStageEntries = 18;  // cuda::StepParams::stage_times: fused [0, 9), split [9, 18)
 // Jobs of one launch: bounds the workspace (jobs x V floats) whatever the prompt length.
 constexpr int kMaxJobsPerLaunch = 8192;
 
@@ -324,8 +325,8 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
     params.num_fused = num_fused;
   }
   if (stage_timing) {
-    RETURN_IF_ERROR(stage_d.Reserve(9 * sizeof(unsigned long long)));
-    SAMPLERD_CUDA_RETURN(cudaMemsetAsync(stage_d.as<void>(), 0, 9 * sizeof(unsigned long long), stream));
+    RETURN_IF_ERROR(stage_d.Reserve(kStageEntries * sizeof(unsigned long long)));
+    SAMPLERD_CUDA_RETURN(cudaMemsetAsync(stage_d.as<void>(), 0, kStageEntries * sizeof(unsigned long long), stream));
     params.debug_flags = debug_flags;
     params.stage_times = stage_d.as<unsigned long long>();
   }
@@ -349,10 +350,14 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
                                        n * sizeof(cuda::RowResult), cudaMemcpyDeviceToHost, stream));
   SAMPLERD_CUDA_RETURN(cudaStreamSynchronize(stream));  // this stream only, never the device
   if (stage_timing) {
-    unsigned long long t[9];
+    unsigned long long t[kStageEntries];
     SAMPLERD_CUDA_RETURN(cudaMemcpy(t, stage_d.as<void>(), sizeof(t), cudaMemcpyDeviceToHost));
     stage_us.clear();
-    for (int k : {1, 2, 7, 3, 4, 5, 6}) stage_us.push_back(t[k] >= t[0] ? (t[k] - t[0]) * 1e-3 : -1.0);
+    // The split path's stages when it ran (from its chunk kernel's start), else the fused one's.
+    const int t0 = num_split > 0 ? 9 : 0;
+    const std::vector<int> order = num_split > 0 ? std::vector<int>{10, 11, 12, 13, 14, 15, 16, 17}
+                                                 : std::vector<int>{1, 2, 7, 3, 4, 5, 6};
+    for (int k : order) stage_us.push_back(t[k] >= t[t0] ? (t[k] - t[t0]) * 1e-3 : -1.0);
   }
   float ms = 0.0f;
   SAMPLERD_CUDA_RETURN(cudaEventElapsedTime(&ms, start, stop));

@@ -1104,9 +1104,13 @@ __device__ __forceinline__ bool RanksBefore(float s, int id, float t, int jd) {
   return s > t || (s == t && id < jd);
 }
 
-__global__ void __launch_bounds__(kSplitThreads) SplitChunkKernel(StepParams p) {
+// Room for at least kSplitBlocksPerSm blocks per SM in the register file (shared memory
+// allows five).
+constexpr int kSplitBlocksPerSm = 4;
+
+__global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitChunkKernel(StepParams p) {
   __shared__ float xs[kSplitChunk];
-  __shared__ float thread_max[kSplitThreads];
+  __shared__ float thread_max[kSplitThreads / 32];  // each warp's threshold
   __shared__ float coll_s[kSplitCapacity];
   __shared__ int coll_id[kSplitCapacity];
   __shared__ float scratch_f[32];
@@ -1125,6 +1129,12 @@ __global__ void __launch_bounds__(kSplitThreads) SplitChunkKernel(StepParams p) 
                     static_cast<int64_t>(job.logits_row) * p.row_stride * elem;
   const SplitLayout layout(p);
   const int64_t slot = static_cast<int64_t>(split_index) * layout.chunks + chunk;
+  // Benchmarks: %globaltimer at stage ends of split job 0's chunk 0 (stage_times[9..14]).
+  const bool timed = p.stage_times != nullptr && split_index == 0 && chunk == 0;
+  auto stage = [&](int k) {
+    if (timed && threadIdx.x == 0) p.stage_times[k] = GlobalTimer();
+  };
+  stage(9);
   if (threadIdx.x == 0) {
     collected = 0;
     threshold = kNegInf;
@@ -1132,6 +1142,7 @@ __global__ void __launch_bounds__(kSplitThreads) SplitChunkKernel(StepParams p) 
   int bad;
   float m;
   LoadChunk(p, job, row, lo, n, xs, &bad, &m);
+  stage(10);
   m = BlockReduce(m, MaxOp(), scratch_f);  // its first barrier publishes xs
   bad = BlockReduce(bad, MaxOp(), scratch_i);
   const float T = job.temperature;
@@ -1148,24 +1159,38 @@ __global__ void __launch_bounds__(kSplitThreads) SplitChunkKernel(StepParams p) 
     }
   }
   z = BlockReduce(z, SumOp(), scratch_f);
-  thread_max[threadIdx.x] = tmax;
-  __syncthreads();
-  // The K-th largest thread max (ties by thread index) bounds the chunk's K-th largest x from
-  // below: the K threads at or above it each hold a token at least that large. Division by T
-  // is monotone, so every token of the chunk's top K by (s desc, id asc) has s >= that / T.
+  stage(11);
+  // A threshold t with at least K tokens of the chunk >= t: in every warp, the k-th largest of
+  // its 32 thread maxima (k = ceil(K / 8), ties by lane), then the least of the eight. Each
+  // warp has k threads, each holding a token >= its value >= t: 8k >= K tokens in all. Division
+  // by T is monotone, so every token of the chunk's top K by (s desc, id asc) has s >= t / T.
   {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int k = (K + kSplitThreads / 32 - 1) / (kSplitThreads / 32);
     int r = 0;
-    for (int u = 0; u < kSplitThreads; ++u) {
-      const float w = thread_max[u];
-      r += w > tmax || (w == tmax && u < static_cast<int>(threadIdx.x));
+#pragma unroll
+    for (int u = 0; u < 32; ++u) {
+      const float w = __shfl_sync(0xFFFFFFFFu, tmax, u);
+      r += w > tmax || (w == tmax && u < lane);
     }
-    if (r == K - 1) threshold = tmax;
+    if (r == k - 1) thread_max[warp] = tmax;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float t = thread_max[0];
+      for (int w = 1; w < kSplitThreads / 32; ++w) t = fminf(t, thread_max[w]);
+      threshold = t;
+    }
   }
   __syncthreads();
+  stage(12);
   const float s_min = threshold / T;
+  // A cheap filter on x before the exact division: v / T >= s_min (both rounded) implies v is
+  // within a few ulps of the threshold or above it, so this margin loses nothing.
+  const float t_x = threshold;
+  const float x_lo = t_x == kNegInf ? kNegInf : t_x - fabsf(t_x) * 0x1.0p-20f - 1e-30f;
   for (int i = threadIdx.x; i < n; i += kSplitThreads) {
     const float v = xs[i];
-    if (v == kNegInf) continue;
+    if (!(v >= x_lo) || v == kNegInf) continue;
     const float sv = v / T;  // the exact score, as FinishCandidates and the CPU take it
     if (sv >= s_min) {
       const int at = atomicAdd(&collected, 1);  // slots in any order: only ranks are kept
@@ -1176,6 +1201,7 @@ __global__ void __launch_bounds__(kSplitThreads) SplitChunkKernel(StepParams p) 
     }
   }
   __syncthreads();
+  stage(13);
   const int nc = collected;
   SplitPartial* part = layout.partials + slot;
   if (nc > kSplitCapacity) {
@@ -1187,6 +1213,7 @@ __global__ void __launch_bounds__(kSplitThreads) SplitChunkKernel(StepParams p) 
     const float sa = coll_s[a];
     const int ia = coll_id[a];
     int r = 0;
+#pragma unroll 8
     for (int b = 0; b < nc; ++b) r += RanksBefore(coll_s[b], coll_id[b], sa, ia);
     if (r < K) {
       layout.cand_s[slot * kSplitMaxK + r] = sa;
@@ -1194,9 +1221,10 @@ __global__ void __launch_bounds__(kSplitThreads) SplitChunkKernel(StepParams p) 
     }
   }
   if (threadIdx.x == 0) *part = SplitPartial{m, z, bad, min(nc, K)};
+  stage(14);
 }
 
-__global__ void __launch_bounds__(kSplitFinishThreads) SplitFinishKernel(StepParams p) {
+__global__ void __launch_bounds__(kSplitFinishThreads, 2) SplitFinishKernel(StepParams p) {
   __shared__ Shared sh;
   __shared__ int list_base[kSplitMaxChunks];
   __shared__ int list_count[kSplitMaxChunks];
@@ -1204,6 +1232,7 @@ __global__ void __launch_bounds__(kSplitFinishThreads) SplitFinishKernel(StepPar
   __shared__ double row_z;
   __shared__ int row_flags;  // 1 bad, 2 overflow
   __shared__ int total;
+  __shared__ SplitPartial chunk_part[kSplitMaxChunks];
   const int split_index = blockIdx.x;
   const int j = p.split_jobs[split_index];
   const RowJob job = p.jobs[j];
@@ -1214,11 +1243,18 @@ __global__ void __launch_bounds__(kSplitFinishThreads) SplitFinishKernel(StepPar
   const SplitPartial* parts = layout.partials + static_cast<int64_t>(split_index) * C;
   const float T = job.temperature;
   const int K = job.top_k;
+  const bool timed = p.stage_times != nullptr && split_index == 0;  // stage_times[15..17]
+  auto stage = [&](int k) {
+    if (timed && threadIdx.x == 0) p.stage_times[k] = GlobalTimer();
+  };
+  stage(15);
+  if (threadIdx.x < C) chunk_part[threadIdx.x] = parts[threadIdx.x];  // all loads in flight at once
+  __syncthreads();
   if (threadIdx.x == 0) {
     float x_max = kNegInf;
     int flags = 0, listed = 0;
     for (int c = 0; c < C; ++c) {
-      const SplitPartial q = parts[c];
+      const SplitPartial q = chunk_part[c];
       x_max = fmaxf(x_max, q.max_x);
       flags |= q.bad ? 1 : 0;
       flags |= q.count < 0 ? 2 : 0;
@@ -1230,7 +1266,7 @@ __global__ void __launch_bounds__(kSplitFinishThreads) SplitFinishKernel(StepPar
     double z = 0.0;
     const double scale = 1.4426950408889634 / static_cast<double>(T);
     for (int c = 0; c < C; ++c) {
-      const SplitPartial q = parts[c];
+      const SplitPartial q = chunk_part[c];
       if (q.max_x != kNegInf) {
         z += static_cast<double>(q.z) * exp2(static_cast<double>(q.max_x - x_max) * scale);
       }
@@ -1296,7 +1332,10 @@ __global__ void __launch_bounds__(kSplitFinishThreads) SplitFinishKernel(StepPar
     }
   }
   __syncthreads();
+  stage(16);
   FinishCandidates(sh, job, out, V, x_max / T, row_z, min(listed, K));
+  __syncthreads();
+  stage(17);
 }
 
 }  // namespace detail

@@ -109,8 +109,9 @@ struct StepParams {
   void* split_scratch = nullptr;
   const int32_t* fused_jobs = nullptr;
   int32_t num_fused = 0;
-  // Optional (benchmarks): the fused kernel's block 0 of job 0 writes %globaltimer at its
-  // stage boundaries here (9 entries, nanoseconds). Null = off.
+  // Optional (benchmarks): the fused kernel's block 0 of its first job writes %globaltimer at
+  // its stage boundaries here (entries 0-8, nanoseconds), the split kernels for split job 0
+  // theirs (9-17). Null = off.
   unsigned long long* stage_times = nullptr;
   // Benchmarks only: bit 0 skips the threshold counts, bit 1 the partial reduction (results
   // are then wrong; used to time stages by leaving one out).
