@@ -1074,7 +1074,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
 
 constexpr int kSplitThreads = 256;
 constexpr int kSplitCapacity = 512;   // tokens a chunk may collect before it overflows
-constexpr int kSplitFinishThreads = 256;  // short barrier chains for the finish
+constexpr int kSplitFinishThreads = 512;
 constexpr int kSplitMaxChunks = 64;   // SplitPathEligible keeps chunks * top_k <= 2048
 
 struct SplitPartial {
@@ -1188,24 +1188,12 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitChunkKe
   // within a few ulps of the threshold or above it, so this margin loses nothing.
   const float t_x = threshold;
   const float x_lo = t_x == kNegInf ? kNegInf : t_x - fabsf(t_x) * 0x1.0p-20f - 1e-30f;
-  // Slots in any order (only ranks are kept), one shared-memory atomic per warp and round.
-  const unsigned lane_below = (1u << (threadIdx.x & 31)) - 1u;
-  for (int base = 0; base < n; base += kSplitThreads) {
-    const int i = base + static_cast<int>(threadIdx.x);
-    const float v = i < n ? xs[i] : kNegInf;
-    float sv = kNegInf;
-    bool take = false;
-    if (v >= x_lo && v != kNegInf) {
-      sv = v / T;  // the exact score, as FinishCandidates and the CPU take it
-      take = sv >= s_min;
-    }
-    const unsigned mask = __ballot_sync(0xFFFFFFFFu, take);
-    if (mask == 0u) continue;
-    int first = 0;
-    if ((threadIdx.x & 31) == 0) first = atomicAdd(&collected, __popc(mask));
-    first = __shfl_sync(0xFFFFFFFFu, first, 0);
-    if (take) {
-      const int at = first + __popc(mask & lane_below);
+  for (int i = threadIdx.x; i < n; i += kSplitThreads) {
+    const float v = xs[i];
+    if (!(v >= x_lo) || v == kNegInf) continue;
+    const float sv = v / T;  // the exact score, as FinishCandidates and the CPU take it
+    if (sv >= s_min) {
+      const int at = atomicAdd(&collected, 1);  // slots in any order: only ranks are kept
       if (at < kSplitCapacity) {
         coll_s[at] = sv;
         coll_id[at] = lo + i;
@@ -1236,13 +1224,15 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitChunkKe
   stage(14);
 }
 
-__global__ void __launch_bounds__(kSplitFinishThreads, 4) SplitFinishKernel(StepParams p) {
+__global__ void __launch_bounds__(kSplitFinishThreads, 2) SplitFinishKernel(StepParams p) {
   __shared__ Shared sh;
+  __shared__ int list_base[kSplitMaxChunks];
   __shared__ int list_count[kSplitMaxChunks];
-  __shared__ float row_x_max, row_tau;
+  __shared__ float row_x_max;
   __shared__ double row_z;
   __shared__ int row_flags;  // 1 bad, 2 overflow
   __shared__ int total;
+  __shared__ SplitPartial chunk_part[kSplitMaxChunks];
   const int split_index = blockIdx.x;
   const int j = p.split_jobs[split_index];
   const RowJob job = p.jobs[j];
@@ -1258,47 +1248,33 @@ __global__ void __launch_bounds__(kSplitFinishThreads, 4) SplitFinishKernel(Step
     if (timed && threadIdx.x == 0) p.stage_times[k] = GlobalTimer();
   };
   stage(15);
-  // Warp 0 combines the chunks' partials (lanes c and c + 32; fixed shuffle trees, so the
-  // result depends on V only): the max, Z, flags, each list's start, and tau, the largest
-  // K-th entry of a full list: the row's K-th score is >= tau, so only entries >= tau can
-  // rank in its top K.
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    SplitPartial q[2];
-    float x_max = kNegInf, tau = kNegInf;
-    int flags = 0;
-    for (int h = 0; h < 2; ++h) {
-      const int c = lane + 32 * h;
-      q[h] = c < C ? parts[c] : SplitPartial{kNegInf, 0.0f, 0, 0};
-      x_max = fmaxf(x_max, q[h].max_x);
-      flags |= (q[h].bad ? 1 : 0) | (q[h].count < 0 ? 2 : 0);
-      if (q[h].count == K) tau = fmaxf(tau, layout.cand_s[(static_cast<int64_t>(split_index) * C + c) * kSplitMaxK + K - 1]);
+  if (threadIdx.x < C) chunk_part[threadIdx.x] = parts[threadIdx.x];  // all loads in flight at once
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float x_max = kNegInf;
+    int flags = 0, listed = 0;
+    for (int c = 0; c < C; ++c) {
+      const SplitPartial q = chunk_part[c];
+      x_max = fmaxf(x_max, q.max_x);
+      flags |= q.bad ? 1 : 0;
+      flags |= q.count < 0 ? 2 : 0;
+      list_base[c] = listed;
+      list_count[c] = max(q.count, 0);
+      listed += max(q.count, 0);
     }
-    for (int o = 16; o > 0; o >>= 1) {
-      x_max = fmaxf(x_max, __shfl_xor_sync(0xFFFFFFFFu, x_max, o));
-      tau = fmaxf(tau, __shfl_xor_sync(0xFFFFFFFFu, tau, o));
-      flags |= __shfl_xor_sync(0xFFFFFFFFu, flags, o);
-    }
-    // Z = sum over chunks of z_c * exp2((max_c - max) * log2(e) / T), in a fixed tree.
-    const double scale = 1.4426950408889634 / static_cast<double>(T);
+    // Z = sum over chunks, in chunk order, of z_c * exp2((max_c - max) * log2(e) / T).
     double z = 0.0;
-    for (int h = 0; h < 2; ++h) {
-      if (q[h].max_x != kNegInf) {
-        z += static_cast<double>(q[h].z) * exp2(static_cast<double>(q[h].max_x - x_max) * scale);
+    const double scale = 1.4426950408889634 / static_cast<double>(T);
+    for (int c = 0; c < C; ++c) {
+      const SplitPartial q = chunk_part[c];
+      if (q.max_x != kNegInf) {
+        z += static_cast<double>(q.z) * exp2(static_cast<double>(q.max_x - x_max) * scale);
       }
     }
-    for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xFFFFFFFFu, z, o);
-    for (int h = 0; h < 2; ++h) {
-      const int c = lane + 32 * h;
-      if (c < C) list_count[c] = max(q[h].count, 0);
-    }
-    if (lane == 0) {
-      row_x_max = x_max;
-      row_z = z;
-      row_flags = flags;
-      row_tau = tau;
-      total = 0;
-    }
+    row_x_max = x_max;
+    row_z = z;
+    row_flags = flags;
+    total = listed;
   }
   __syncthreads();
   const float x_max = row_x_max;
@@ -1321,29 +1297,35 @@ __global__ void __launch_bounds__(kSplitFinishThreads, 4) SplitFinishKernel(Step
     SampleRowGeneral(p, j, sh);
     return;
   }
-  // The entries >= tau (slots in any order), then each one's rank among them (a total order):
-  // the first K by rank are the row's top K, in order.
+  // Every chunk's list, then each token's rank in the row: its place in its own (sorted) list
+  // plus, by binary search, how many tokens of every other list rank before it.
   int* ids = reinterpret_cast<int*>(sh.cum);  // cum is free until FinishCandidates
-  const float tau = row_tau;
+  const int listed = total;
   for (int e = threadIdx.x; e < C * K; e += blockDim.x) {
     const int c = e / K, i = e % K;
-    if (i >= list_count[c]) continue;
-    const int64_t from = (static_cast<int64_t>(split_index) * C + c) * kSplitMaxK + i;
-    const float sv = layout.cand_s[from];
-    if (sv >= tau) {
-      const int at = atomicAdd(&total, 1);
-      sh.cand_key[at] = sv;
-      ids[at] = layout.cand_id[from];
+    if (i < list_count[c]) {
+      const int64_t from = (static_cast<int64_t>(split_index) * C + c) * kSplitMaxK + i;
+      sh.cand_key[list_base[c] + i] = layout.cand_s[from];
+      ids[list_base[c] + i] = layout.cand_id[from];
     }
   }
   __syncthreads();
-  const int listed = total;
-  for (int a = threadIdx.x; a < listed; a += blockDim.x) {
-    const float sa = sh.cand_key[a];
-    const int ia = ids[a];
-    int r = 0;
-#pragma unroll 8
-    for (int b2 = 0; b2 < listed; ++b2) r += RanksBefore(sh.cand_key[b2], ids[b2], sa, ia);
+  for (int e = threadIdx.x; e < C * K; e += blockDim.x) {
+    const int c = e / K, i = e % K;
+    if (i >= list_count[c]) continue;
+    const float sa = sh.cand_key[list_base[c] + i];
+    const int ia = ids[list_base[c] + i];
+    int r = i;
+    for (int c2 = 0; c2 < C; ++c2) {
+      if (c2 == c) continue;
+      int lo = 0, hi = list_count[c2];
+      const int b0 = list_base[c2];
+      while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (RanksBefore(sh.cand_key[b0 + mid], ids[b0 + mid], sa, ia)) lo = mid + 1; else hi = mid;
+      }
+      r += lo;
+    }
     if (r < K) {
       sh.cand_s[r] = sa;
       sh.cand_id[r] = ia;
