@@ -1,6 +1,7 @@
 // GPU benchmark of the CUDA backend (run on the GPU machine; prints figures, asserts nothing).
 //
 //   gpu_bench            # every configuration
+//   gpu_bench --quick    # R <= 16 only;  gpu_bench --only=decode  # names containing "decode"
 //
 // Kernel time per step (CUDA events around the backend's launches; logits already on the
 // device), median of 50 runs after 5 warm-ups, for V = 129,280, T = 0.7, top_p = 0.95,
@@ -89,6 +90,10 @@ double MedianKernelUs(CudaBackend& gpu, const Step& step) {
 
 int Main(int argc, char** argv) {
   const bool quick = argc > 1 && std::string(argv[1]) == "--quick";  // R <= 16 only
+  // --only=TEXT: the configurations whose name contains TEXT (profiling one under ncu).
+  const std::string only = argc > 1 && std::string(argv[1]).rfind("--only=", 0) == 0
+                               ? std::string(argv[1]).substr(7)
+                               : "";
   auto gpu = CudaBackend::Create({});
   if (!gpu.ok()) {
     std::fprintf(stderr, "%s\n", std::string(gpu.status().message()).c_str());
@@ -113,6 +118,7 @@ int Main(int argc, char** argv) {
               "collect, end; its row's finish block: start, merged, end)\n");
   for (const Config& c : configs) {
     if (quick && c.rows > 16) continue;
+    if (!only.empty() && c.name.find(only) == std::string::npos) continue;
     HostLogits logits(c.rows, kVocab, 11, 2.0f);
     const int elem = c.dtype == DType::kFloat32 ? 4 : 2;
     std::vector<uint16_t> half;
