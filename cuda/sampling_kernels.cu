@@ -721,37 +721,44 @@ __device__ void LoadChunk(const StepParams& p, const RowJob& job, const char* ro
   const bool use_mask = job.mask != nullptr && job.kind != kRowPrompt;
   int bad = 0;
   float m = kNegInf;
-  auto admit = [&](int i, float v) {
+  // x of token lo + i from its logit v (the mask, NaN / +inf and the max on the way).
+  auto admitted = [&](int i, float v) {
     bad |= !(v < INFINITY);
     const int c = lo + i;
     if (use_mask && ((job.mask[c >> 3] >> (c & 7)) & 1) == 0) v = kNegInf;
-    xs[i] = v;
     m = fmaxf(m, v);
+    return v;
   };
-  const bool vector_f32 =
-      p.dtype == kF32 && (reinterpret_cast<uintptr_t>(row) % 16 == 0) && (lo % 4 == 0);
+  auto admit = [&](int i, float v) { xs[i] = admitted(i, v); };
+  // 16-byte loads, and 16-byte stores into xs: four scalar stores a thread would hit the same
+  // shared-memory banks four ways.
+  const bool xs_aligned = reinterpret_cast<uintptr_t>(xs) % 16 == 0;
+  const bool vector_f32 = p.dtype == kF32 && xs_aligned &&
+                          (reinterpret_cast<uintptr_t>(row) % 16 == 0) && (lo % 4 == 0);
   if (vector_f32) {
     const float4* src = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(row) + lo);
+    float4* dst = reinterpret_cast<float4*>(xs);
     const int n4 = n / 4;
 #pragma unroll 4
     for (int i = threadIdx.x; i < n4; i += blockDim.x) {
       const float4 v = src[i];
-      admit(4 * i, v.x);
-      admit(4 * i + 1, v.y);
-      admit(4 * i + 2, v.z);
-      admit(4 * i + 3, v.w);
+      dst[i] = make_float4(admitted(4 * i, v.x), admitted(4 * i + 1, v.y),
+                           admitted(4 * i + 2, v.z), admitted(4 * i + 3, v.w));
     }
     for (int i = 4 * n4 + threadIdx.x; i < n; i += blockDim.x) {
       admit(i, reinterpret_cast<const float*>(row)[lo + i]);
     }
-  } else if (p.dtype != kF32 && (reinterpret_cast<uintptr_t>(row) % 16 == 0) && (lo % 8 == 0)) {
+  } else if (p.dtype != kF32 && xs_aligned && (reinterpret_cast<uintptr_t>(row) % 16 == 0) &&
+             (lo % 8 == 0)) {
     // 16-byte loads of eight bf16 / fp16 values.
     const uint4* src = reinterpret_cast<const uint4*>(static_cast<const char*>(static_cast<const void*>(row)) + 2 * static_cast<int64_t>(lo));
+    float4* dst = reinterpret_cast<float4*>(xs);
     const int n8 = n / 8;
 #pragma unroll 2
     for (int i = threadIdx.x; i < n8; i += blockDim.x) {
       const uint4 v = src[i];
       const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+      float out[8];
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
         const uint16_t lo16 = static_cast<uint16_t>(words[w] & 0xFFFFu);
@@ -764,9 +771,11 @@ __device__ void LoadChunk(const StepParams& p, const RowJob& job, const char* ro
           a = __half2float(__ushort_as_half(lo16));
           b = __half2float(__ushort_as_half(hi16));
         }
-        admit(8 * i + 2 * w, a);
-        admit(8 * i + 2 * w + 1, b);
+        out[2 * w] = admitted(8 * i + 2 * w, a);
+        out[2 * w + 1] = admitted(8 * i + 2 * w + 1, b);
       }
+      dst[2 * i] = make_float4(out[0], out[1], out[2], out[3]);
+      dst[2 * i + 1] = make_float4(out[4], out[5], out[6], out[7]);
     }
     for (int i = 8 * n8 + threadIdx.x; i < n; i += blockDim.x) admit(i, LoadLogit(row, p.dtype, lo + i));
   } else {
@@ -1109,7 +1118,7 @@ __device__ __forceinline__ bool RanksBefore(float s, int id, float t, int jd) {
 constexpr int kSplitBlocksPerSm = 4;
 
 __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitChunkKernel(StepParams p) {
-  __shared__ float xs[kSplitChunk];
+  __shared__ __align__(16) float xs[kSplitChunk];
   __shared__ float thread_max[kSplitThreads / 32];  // each warp's threshold
   __shared__ float coll_s[kSplitCapacity];
   __shared__ int coll_id[kSplitCapacity];
