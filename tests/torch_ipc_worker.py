@@ -10,7 +10,8 @@ offset. The pool's storage is shared with storage._share_cuda_(): its handle (66
 Each step the worker first queues a ~20 ms sleep kernel on its stream, then writes new logits
 into the view, records an interprocess torch.cuda.Event and sends the step with that event's
 IPC handle as ready_event, without synchronising the host: a server that did not wait on the
-event would read the previous step's logits. Every answer is compared with a samplerd on the
+event would read the previous step's logits and disagree (a negative control, a step sent
+without the event, has not been run). Every answer is compared with a samplerd on the
 CPU backend (--reference) sent the same logits inline: tokens equal (SPEC 8's boundary band
 aside: at most one mismatch in all), processed logprobs within 1e-5. fp32 and bf16 steps,
 registered region and one-off cuda_ipc refs. Also: a handle of the expandable-segments form
