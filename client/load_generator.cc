@@ -145,6 +145,14 @@ const char* SourceName(LoadOptions::Source source) {
   return "inline";
 }
 
+std::optional<LoadOptions::Source> ParseSource(const std::string& name) {
+  using Source = LoadOptions::Source;
+  for (Source source : {Source::kInline, Source::kShm, Source::kCudaIpc}) {
+    if (name == SourceName(source)) return source;
+  }
+  return std::nullopt;
+}
+
 absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
   if (options.streams < 1 || options.rows < 1 || options.vocab < 1 || options.steps < 1) {
     return absl::InvalidArgumentError("streams, rows, vocab and steps must be >= 1");

@@ -9,6 +9,7 @@
 #define SAMPLERD_CLIENT_LOAD_GENERATOR_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -36,7 +37,9 @@ struct LoadReport {
 
 // Errors: the first failed call's status.
 absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options);
+// The --source names: "inline", "shm", "cuda_ipc"; ParseSource is nullopt for any other.
 const char* SourceName(LoadOptions::Source source);
+std::optional<LoadOptions::Source> ParseSource(const std::string& name);
 std::string FormatReport(const LoadOptions& options, const LoadReport& report);
 
 }  // namespace samplerd

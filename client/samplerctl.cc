@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -187,16 +188,14 @@ int Bench(const Args& args) {
       !IntFlag(args, "warmup", &options.warmup)) {
     return 2;
   }
-  const std::string source = args.Get("source", "inline");
+  const std::optional<samplerd::LoadOptions::Source> source =
+      samplerd::ParseSource(args.Get("source", "inline"));
   const std::string mode = args.Get("mode", "unary");
-  if ((source != "inline" && source != "shm" && source != "cuda_ipc") ||
-      (mode != "unary" && mode != "stream")) {
+  if (!source.has_value() || (mode != "unary" && mode != "stream")) {
     std::cerr << "samplerctl: --source=inline|shm|cuda_ipc, --mode=unary|stream\n";
     return 2;
   }
-  options.source = source == "shm"        ? samplerd::LoadOptions::Source::kShm
-                   : source == "cuda_ipc" ? samplerd::LoadOptions::Source::kCudaIpc
-                                          : samplerd::LoadOptions::Source::kInline;
+  options.source = *source;
   options.streaming = mode == "stream";
   auto report = RunLoad(options);
   if (!report.ok()) return Fail(report.status());
