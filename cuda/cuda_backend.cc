@@ -554,17 +554,21 @@ absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
 
   // Outcomes of the sampled rows, and the prompt logprobs.
   std::vector<RowOutcome> outcomes(num_sample_jobs);
-  auto row_error = [&](const HostJob& h, int32_t code) {
+  // A row's status bits, reported in SPEC 3's order of checks (as the CPU backend does).
+  auto row_error = [&](const HostJob& h, int32_t status) {
     const std::string field = RequestField(h.request);
-    return code == 1 ? NonFiniteLogitsError(field, h.job.logits_row, V)
-                     : NoTokenLeftError(field, h.job.logits_row);
+    if (status & cuda::kRowNonFinite) return NonFiniteLogitsError(field, h.job.logits_row, V);
+    if (status & cuda::kRowOverflow) {
+      return ValueOverflowError(field, h.job.logits_row, "a penalty or the temperature", -1);
+    }
+    return NoTokenLeftError(field, h.job.logits_row);
   };
   for (size_t k = 0; k < num_sample_jobs; ++k) {
     const HostJob& h = jobs[k];
     const cuda::RowResult& r = results[k];
     RowOutcome& out = outcomes[k];
     if (r.status != 0) {
-      out.status = row_error(h, (r.status & 1) ? 1 : 2);
+      out.status = row_error(h, r.status);
       continue;
     }
     out.accepted = r.accepted != 0;
@@ -585,7 +589,7 @@ absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
     const HostJob& h = jobs[k];
     const cuda::RowResult& r = results[k];
     if (r.status != 0) {
-      if (result.results[h.request].status.ok()) result.results[h.request].status = row_error(h, (r.status & 1) ? 1 : 2);
+      if (result.results[h.request].status.ok()) result.results[h.request].status = row_error(h, r.status);
       continue;
     }
     prompt_logprobs[h.request][h.index] = r.prompt_logprob;

@@ -40,9 +40,37 @@ __global__ void __launch_bounds__(kPrepareThreads) PrepareRowsKernel(StepParams 
   local_max = BlockReduce(local_max, MaxOp(), scratch_f);
   bad = BlockReduce(bad, MaxOp(), scratch_i);
   if (threadIdx.x == 0) {
-    if (bad) atomicOr(reinterpret_cast<int*>(&p.results[job_index].status), 1);
+    if (bad) atomicOr(reinterpret_cast<int*>(&p.results[job_index].status), kRowNonFinite);
     atomicMax(&p.row_max[job_index], OrderKey(local_max));  // max is order-independent
   }
+}
+
+// SPEC 3 step 3 on one token (as sampler/penalties.h's ApplyPenalty on the CPU).
+__device__ __forceinline__ float ApplyPenaltyTerm(float v, const Penalty& pen) {
+  if (pen.repetition != 1.0f) v = v > 0.0f ? v / pen.repetition : v * pen.repetition;
+  if (pen.count > 0) v = v - (pen.presence + pen.frequency * static_cast<float>(pen.count));
+  return v;
+}
+
+// A finite value that became +-inf: SPEC 3 makes it an error of the request.
+__device__ __forceinline__ bool LeftFloatRange(float before, float after) {
+  return isfinite(before) && !isfinite(after);
+}
+
+// The temperature step on a row whose finite values of x lie in [x_min, x_max]: division by
+// T > 0 is monotone, so some finite x / T overflows iff an extreme one does. x_min = +inf and
+// x_max = -inf when nothing is finite.
+__device__ __forceinline__ bool TemperatureOverflows(float x_min, float x_max, float T) {
+  return (x_max != kNegInf && isinf(x_max / T)) || (x_min != INFINITY && isinf(x_min / T));
+}
+
+// The row's status from what the load found (`bad`: kRowNonFinite / kRowOverflow bits), its
+// extreme finite values and T: 0 when the row can be sampled.
+__device__ __forceinline__ int32_t RowFault(int bad, float x_min, float x_max, float T) {
+  if (bad & kRowNonFinite) return kRowNonFinite;
+  if ((bad & kRowOverflow) || TemperatureOverflows(x_min, x_max, T)) return kRowOverflow;
+  if (x_max == kNegInf) return kRowNoToken;
+  return 0;
 }
 
 // Penalties: one thread per (job, token) entry; entries of a job name distinct tokens.
@@ -57,9 +85,10 @@ __global__ void PenaltiesKernel(StepParams p) {
   }
   const Penalty& pen = p.penalties[i];
   float* x = p.workspace + static_cast<int64_t>(lo) * p.vocab_size;
-  float v = x[pen.token];
-  if (pen.repetition != 1.0f) v = v > 0.0f ? v / pen.repetition : v * pen.repetition;
-  if (pen.count > 0) v = v - (pen.presence + pen.frequency * static_cast<float>(pen.count));
+  const float v = ApplyPenaltyTerm(x[pen.token], pen);
+  if (LeftFloatRange(x[pen.token], v)) {
+    atomicOr(reinterpret_cast<int*>(&p.results[lo].status), kRowOverflow);
+  }
   x[pen.token] = v;
 }
 
@@ -100,6 +129,16 @@ struct RowScores {
       if (!(k > n_key || (k == n_key && c <= n_id))) return kNegInf;
     }
     return v / T;
+  }
+  // Whether the temperature pushes token c's finite, kept x out of the float32 range.
+  __device__ bool Overflows(int c) const {
+    const float v = x[c];
+    if (v == kNegInf) return false;
+    if (force) {
+      const uint32_t k = OrderKey(v);
+      if (!(k > n_key || (k == n_key && c <= n_id))) return false;
+    }
+    return isinf(v / T);
   }
 };
 
@@ -397,7 +436,7 @@ __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) {
     x_max = BlockReduce(m, MaxOp(), sh.scratch_f);
   }
   if (x_max == kNegInf) {
-    if (threadIdx.x == 0) out.status = 2;
+    if (threadIdx.x == 0) out.status = kRowNoToken;
     return;
   }
   // Force top-N: the N-th element of x in order (x desc, id asc) is the threshold.
@@ -415,6 +454,16 @@ __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) {
       scores.n_id = sh.sel_id;
     }
     __syncthreads();
+  }
+  // SPEC 3: a finite kept value that the temperature pushes out of float32 fails the row. Only
+  // T < 1 can; force top-N decides which values are kept, so this pass follows it.
+  if (job.temperature < 1.0f) {
+    int overflow = 0;
+    for (int c = threadIdx.x; c < V; c += blockDim.x) overflow |= scores.Overflows(c) ? 1 : 0;
+    if (BlockReduce(overflow, OrOp(), sh.scratch_i)) {
+      if (threadIdx.x == 0) out.status = kRowOverflow;
+      return;
+    }
   }
   // Temperature: division by T > 0 is monotone, so max(s) = max(x) / T exactly.
   const float M = x_max / job.temperature;
@@ -674,7 +723,8 @@ __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) {
 
 __global__ void __launch_bounds__(kSampleThreads) SampleRowsKernel(StepParams p) {
   __shared__ Shared sh;
-  if (p.results[blockIdx.x].status != 0) return;  // NaN / +inf found by the prepare kernel
+  // A NaN / +inf found by the prepare kernel, or a penalty overflow by the penalties kernel.
+  if (p.results[blockIdx.x].status != 0) return;
   SampleRowGeneral(p, blockIdx.x, sh);
 }
 
@@ -712,21 +762,24 @@ __device__ __forceinline__ unsigned long long GlobalTimer() {
 }
 
 // Loads elements [lo, lo + n) of a job's logits row into xs (padding is never read) in one
-// pass: NaN / +inf in a real column sets *bad, the grammar mask (not for prompt rows) makes
-// removed tokens -inf, and *m is the max; then the job's sparse penalties that fall in the
-// chunk, and the max again (penalties can raise values). Per-thread partials: the caller
-// reduces *bad and *m over the block. Any block size.
+// pass: NaN / +inf in a real column sets kRowNonFinite in *bad, the grammar mask (not for
+// prompt rows) makes removed tokens -inf, *m is the max and *mn the least finite value (+inf
+// if none); then the job's sparse penalties that fall in the chunk (one pushing a finite value
+// out of float32 sets kRowOverflow), and the extremes again. Per-thread partials: the caller
+// reduces *bad (or), *m and *mn over the block. Any block size.
 __device__ void LoadChunk(const StepParams& p, const RowJob& job, const char* row, int lo, int n,
-                          float* xs, int* bad_out, float* m_out) {
+                          float* xs, int* bad_out, float* m_out, float* mn_out) {
   const bool use_mask = job.mask != nullptr && job.kind != kRowPrompt;
   int bad = 0;
-  float m = kNegInf;
-  // x of token lo + i from its logit v (the mask, NaN / +inf and the max on the way).
+  float m = kNegInf, mn = INFINITY;
+  // x of token lo + i from its logit v (the mask, NaN / +inf, the max and the least finite
+  // value on the way).
   auto admitted = [&](int i, float v) {
-    bad |= !(v < INFINITY);
+    bad |= !(v < INFINITY) ? kRowNonFinite : 0;
     const int c = lo + i;
     if (use_mask && ((job.mask[c >> 3] >> (c & 7)) & 1) == 0) v = kNegInf;
     m = fmaxf(m, v);
+    mn = fminf(mn, v == kNegInf ? INFINITY : v);
     return v;
   };
   auto admit = [&](int i, float v) { xs[i] = admitted(i, v); };
@@ -786,17 +839,23 @@ __device__ void LoadChunk(const StepParams& p, const RowJob& job, const char* ro
     for (int k = job.penalty_begin + threadIdx.x; k < job.penalty_end; k += blockDim.x) {
       const Penalty pen = p.penalties[k];
       if (pen.token < lo || pen.token >= lo + n) continue;
-      float v = xs[pen.token - lo];
-      if (pen.repetition != 1.0f) v = v > 0.0f ? v / pen.repetition : v * pen.repetition;
-      if (pen.count > 0) v = v - (pen.presence + pen.frequency * static_cast<float>(pen.count));
+      const float before = xs[pen.token - lo];
+      const float v = ApplyPenaltyTerm(before, pen);
+      if (LeftFloatRange(before, v)) bad |= kRowOverflow;
       xs[pen.token - lo] = v;
     }
     __syncthreads();
-    m = kNegInf;  // penalties can raise values: take the max again
-    for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, xs[i]);
+    m = kNegInf;  // penalties move values: take the extremes again
+    mn = INFINITY;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const float v = xs[i];
+      m = fmaxf(m, v);
+      mn = fminf(mn, v == kNegInf ? INFINITY : v);
+    }
   }
   *bad_out = bad;
   *m_out = m;
+  *mn_out = mn;
 }
 
 __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kClusterThreads, 2)
@@ -813,10 +872,12 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
   extern __shared__ float xs[];
   __shared__ Shared sh;
   __shared__ float part_max;
+  __shared__ float part_min;
   __shared__ int part_bad;
   __shared__ double part[kPartialValues];
   __shared__ double all[kClusterBlocks][kPartialValues];
   __shared__ float all_max[kClusterBlocks];
+  __shared__ float all_min[kClusterBlocks];
   __shared__ int all_bad[kClusterBlocks];
   const RowJob job = p.jobs[j];
   RowResult& out = p.results[j];
@@ -831,33 +892,42 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
   // Load the chunk once (padding is never read), checking NaN/+inf, applying the grammar mask
   // and taking the max in the same pass; then the sparse penalties.
   int bad = 0;
-  float m = kNegInf;
-  auto load_chunk = [&]() { LoadChunk(p, job, row, lo, n, xs, &bad, &m); };
+  float m = kNegInf, mn = INFINITY;
+  auto load_chunk = [&]() { LoadChunk(p, job, row, lo, n, xs, &bad, &m, &mn); };
   load_chunk();
   stage(1);
   m = BlockReduce(m, MaxOp(), sh.scratch_f);
-  bad = BlockReduce(bad, MaxOp(), sh.scratch_i);
+  mn = -BlockReduce(-mn, MaxOp(), sh.scratch_f);
+  bad = BlockReduce(bad, OrOp(), sh.scratch_i);
   if (threadIdx.x == 0) {
     part_max = m;
+    part_min = mn;
     part_bad = bad;
   }
   cluster.sync();
   // Eight threads fetch the eight partials (distributed shared memory), in parallel.
   if (threadIdx.x < kClusterBlocks) {
     all_max[threadIdx.x] = *cluster.map_shared_rank(&part_max, static_cast<int>(threadIdx.x));
+    all_min[threadIdx.x] = *cluster.map_shared_rank(&part_min, static_cast<int>(threadIdx.x));
     all_bad[threadIdx.x] = *cluster.map_shared_rank(&part_bad, static_cast<int>(threadIdx.x));
   }
   __syncthreads();
-  float x_max = kNegInf;
+  float x_max = kNegInf, x_min = INFINITY;
   int any_bad = 0;
   for (int r = 0; r < kClusterBlocks; ++r) {
     x_max = fmaxf(x_max, all_max[r]);
+    x_min = fminf(x_min, all_min[r]);
     any_bad |= all_bad[r];
   }
   cluster.sync();  // every block has read `part` before it is rewritten below
   stage(2);
-  if (any_bad || x_max == kNegInf) {
-    if (rank == 0 && threadIdx.x == 0) out.status = any_bad ? 1 : 2;
+  // Force top-N rows: which values the temperature sees is decided by the general algorithm,
+  // which checks them itself; every other row is checked here.
+  const bool force = !prompt && job.force_top_n > 0 && job.force_top_n < V;
+  int32_t fault = RowFault(any_bad, x_min, x_max, job.temperature);
+  if (force && fault == kRowOverflow && !(any_bad & kRowOverflow)) fault = 0;
+  if (fault != 0) {
+    if (rank == 0 && threadIdx.x == 0) out.status = fault;
     return;
   }
   // Rows the candidates cannot finish: the cluster writes x to the workspace, then block 0
@@ -875,7 +945,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
     cluster.sync();  // every chunk of x is written and visible
     if (rank == 0) SampleRowGeneral(p, j, sh);
   };
-  if (!prompt && job.force_top_n > 0 && job.force_top_n < V) {
+  if (force) {
     fallback(false);
     return;
   }
@@ -1088,9 +1158,10 @@ constexpr int kSplitMaxChunks = 64;   // SplitPathEligible keeps chunks * top_k 
 
 struct SplitPartial {
   float max_x;    // the chunk's max of x (-inf: nothing finite in it)
+  float min_x;    // the chunk's least finite x (+inf: nothing finite in it)
   float z;        // sum over the chunk of exp2((x - max_x) * log2(e) / T)
-  int32_t bad;    // NaN / +inf in a real column
-  int32_t count;  // tokens listed (min(top_k, finite tokens)), or -1: overflow
+  int32_t bad;    // RowStatus bits: NaN / +inf in a real column, a penalty overflow
+  int32_t count;  // tokens listed (min(top_k, finite tokens)), or -1: the list overflowed
 };
 
 // Where each split job's partials and lists live in p.split_scratch (SplitScratchBytes).
@@ -1149,11 +1220,12 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitChunkKe
     threshold = kNegInf;
   }
   int bad;
-  float m;
-  LoadChunk(p, job, row, lo, n, xs, &bad, &m);
+  float m, mn;
+  LoadChunk(p, job, row, lo, n, xs, &bad, &m, &mn);
   stage(10);
   m = BlockReduce(m, MaxOp(), scratch_f);  // its first barrier publishes xs
-  bad = BlockReduce(bad, MaxOp(), scratch_i);
+  mn = -BlockReduce(-mn, MaxOp(), scratch_f);
+  bad = BlockReduce(bad, OrOp(), scratch_i);
   const float T = job.temperature;
   const int K = job.top_k;
   // Z's partial (exp2 of x * log2(e) / T: Z only feeds top-p and the logprobs' normaliser, within
@@ -1214,7 +1286,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitChunkKe
   const int nc = collected;
   SplitPartial* part = layout.partials + slot;
   if (nc > kSplitCapacity) {
-    if (threadIdx.x == 0) *part = SplitPartial{m, z, bad, -1};
+    if (threadIdx.x == 0) *part = SplitPartial{m, mn, z, bad, -1};
     return;
   }
   // The chunk's top K: each collected token's rank among the collected (a total order).
@@ -1229,7 +1301,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitChunkKe
       layout.cand_id[slot * kSplitMaxK + r] = ia;
     }
   }
-  if (threadIdx.x == 0) *part = SplitPartial{m, z, bad, min(nc, K)};
+  if (threadIdx.x == 0) *part = SplitPartial{m, mn, z, bad, min(nc, K)};
   stage(14);
 }
 
@@ -1239,7 +1311,9 @@ __global__ void __launch_bounds__(kSplitFinishThreads, 2) SplitFinishKernel(Step
   __shared__ int list_count[kSplitMaxChunks];
   __shared__ float row_x_max;
   __shared__ double row_z;
-  __shared__ int row_flags;  // 1 bad, 2 overflow
+  __shared__ float row_x_min;
+  __shared__ int row_bad;    // RowStatus bits of the chunks
+  __shared__ int row_flat;   // a chunk's list overflowed: the general algorithm
   __shared__ int total;
   __shared__ SplitPartial chunk_part[kSplitMaxChunks];
   const int split_index = blockIdx.x;
@@ -1260,13 +1334,14 @@ __global__ void __launch_bounds__(kSplitFinishThreads, 2) SplitFinishKernel(Step
   if (threadIdx.x < C) chunk_part[threadIdx.x] = parts[threadIdx.x];  // all loads in flight at once
   __syncthreads();
   if (threadIdx.x == 0) {
-    float x_max = kNegInf;
-    int flags = 0, listed = 0;
+    float x_max = kNegInf, x_min = INFINITY;
+    int bad = 0, flat = 0, listed = 0;
     for (int c = 0; c < C; ++c) {
       const SplitPartial q = chunk_part[c];
       x_max = fmaxf(x_max, q.max_x);
-      flags |= q.bad ? 1 : 0;
-      flags |= q.count < 0 ? 2 : 0;
+      x_min = fminf(x_min, q.min_x);
+      bad |= q.bad;
+      flat |= q.count < 0 ? 1 : 0;
       list_base[c] = listed;
       list_count[c] = max(q.count, 0);
       listed += max(q.count, 0);
@@ -1282,24 +1357,27 @@ __global__ void __launch_bounds__(kSplitFinishThreads, 2) SplitFinishKernel(Step
     }
     row_x_max = x_max;
     row_z = z;
-    row_flags = flags;
+    row_x_min = x_min;
+    row_bad = bad;
+    row_flat = flat;
     total = listed;
   }
   __syncthreads();
   const float x_max = row_x_max;
-  if ((row_flags & 1) || x_max == kNegInf) {
-    if (threadIdx.x == 0) out.status = (row_flags & 1) ? 1 : 2;
+  const int32_t fault = RowFault(row_bad, row_x_min, x_max, T);
+  if (fault != 0) {
+    if (threadIdx.x == 0) out.status = fault;
     return;
   }
-  if (row_flags & 2) {
+  if (row_flat) {
     // A flat row: x into the workspace (steps 1-3 again), then the general algorithm.
     const int elem = p.dtype == kF32 ? 4 : 2;
     const char* row = static_cast<const char*>(p.logits) +
                       static_cast<int64_t>(job.logits_row) * p.row_stride * elem;
     float* x = p.workspace + static_cast<int64_t>(j) * V;
     int bad;
-    float m;
-    LoadChunk(p, job, row, 0, V, x, &bad, &m);
+    float m, mn;
+    LoadChunk(p, job, row, 0, V, x, &bad, &m, &mn);
     m = BlockReduce(m, MaxOp(), sh.scratch_f);
     if (threadIdx.x == 0) p.row_max[j] = OrderKey(m);
     __syncthreads();

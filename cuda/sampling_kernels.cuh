@@ -91,6 +91,10 @@ struct SumOp {
   template <typename T>
   __device__ T operator()(T a, T b) const { return a + b; }
 };
+struct OrOp {
+  template <typename T>
+  __device__ T operator()(T a, T b) const { return a | b; }
+};
 struct MaxOp {
   template <typename T>
   __device__ T operator()(T a, T b) const { return a > b ? a : b; }

@@ -71,9 +71,17 @@ struct Penalty {
   float frequency;
 };
 
+// RowResult::status bits. A row may carry more than one; the host reports them in SPEC 3's
+// order of checks: a non-finite logit, then an overflow, then an empty kept set.
+enum RowStatus : int32_t {
+  kRowNonFinite = 1,  // NaN or +inf among the row's real columns
+  kRowNoToken = 2,    // no token left after steps 1-8
+  kRowOverflow = 4,   // a penalty or the temperature pushed a finite value out of float32
+};
+
 // What a row job produces (device, copied back per step).
 struct RowResult {
-  int32_t status;           // 0 OK, 1 NaN/+inf in a real column, 2 no token left
+  int32_t status;           // 0 OK, else RowStatus bits (the first fault found wins)
   int32_t token;            // drawn / golden / accepted draft / replacement
   int32_t accepted;         // kRowVerify
   float logprob;

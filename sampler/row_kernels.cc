@@ -70,8 +70,16 @@ float RowMax(const float* values, int32_t n) {
 }
 
 SAMPLERD_VECTOR_CLONES
-void DivideInPlace(float* values, int32_t n, float divisor) {
-  for (int32_t i = 0; i < n; ++i) values[i] = values[i] / divisor;
+bool DivideInPlace(float* values, int32_t n, float divisor) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  int overflow = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    const float x = values[i];
+    const float y = x / divisor;
+    overflow |= (std::fabs(y) == kInf) & (std::fabs(x) != kInf);
+    values[i] = y;
+  }
+  return overflow != 0;
 }
 
 SAMPLERD_VECTOR_CLONES

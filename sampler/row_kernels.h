@@ -20,8 +20,9 @@ bool HasNanOrPosInf(const float* values, int32_t n);
 // Largest value (-inf for an empty or all -inf row). NaN must have been excluded.
 float RowMax(const float* values, int32_t n);
 
-// values[i] /= divisor, in place (IEEE division, as the CUDA backend does).
-void DivideInPlace(float* values, int32_t n, float divisor);
+// values[i] /= divisor, in place (IEEE division, as the CUDA backend does). Returns true when
+// a finite value left the float32 range (became +-inf): SPEC 3 makes that a row error.
+bool DivideInPlace(float* values, int32_t n, float divisor);
 
 // weights[i] = exp(values[i] - shift) (0 for -inf), and returns their sum in float64,
 // accumulated in eight fixed lanes. exp is a polynomial within 2 ulp of expf.

@@ -49,6 +49,9 @@ struct RowOptions {
 // The row faults of SPEC 3, worded once for every backend. `field` names the request.
 absl::Status NonFiniteLogitsError(const std::string& field, int32_t row, int32_t vocab_size);
 absl::Status NoTokenLeftError(const std::string& field, int32_t row);
+// A finite value became +-inf in `step` (SPEC 3: an error of the request); token -1 = unnamed.
+absl::Status ValueOverflowError(const std::string& field, int32_t row, const char* step,
+                                int32_t token);
 
 class RowProcessor {
  public:
@@ -57,7 +60,8 @@ class RowProcessor {
   RowProcessor& operator=(const RowProcessor&) = delete;
 
   // Runs SPEC 3 steps 1-9 on row `row` of `logits` (host memory).
-  // Errors: INVALID_ARGUMENT when a real column is NaN or +inf, or when no token is left.
+  // Errors: INVALID_ARGUMENT when a real column is NaN or +inf, when a penalty or the
+  // temperature pushes a finite value out of the float32 range, or when no token is left.
   absl::Status Process(const LogitsView& logits, int32_t row, const RowOptions& options);
 
   // Whether `token` is in the kept set.
@@ -102,7 +106,8 @@ class RowProcessor {
 
  private:
   void ApplyMask(const unsigned char* mask);
-  void ApplyPenalties(const RowOptions& options);
+  // Returns the first token a penalty pushed out of the float32 range, or -1.
+  int32_t ApplyPenalties(const RowOptions& options);
   void ApplyForceTopN(int32_t n);
   // Top-p then top-k on the order; sets the cut and the sorted kept prefix.
   void ApplyTopPTopK(float top_p, int32_t top_k);

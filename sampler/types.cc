@@ -1,5 +1,7 @@
 #include "sampler/types.h"
 
+#include "sampler/extent.h"
+
 namespace samplerd {
 
 int DTypeSize(DType dtype) {
@@ -39,7 +41,8 @@ const char* StepKindName(StepKind kind) {
 
 int64_t LogitsView::ByteExtent() const {
   if (rows <= 0 || cols <= 0) return 0;
-  return ((static_cast<int64_t>(rows) - 1) * row_stride + cols) * DTypeSize(dtype);
+  auto extent = TensorByteExtent(rows, cols, row_stride, DTypeSize(dtype), "view");
+  return extent.ok() ? *extent : -1;
 }
 
 }  // namespace samplerd

@@ -42,7 +42,8 @@ struct LogitsView {
   // stream waits on before reading; null = the producer already synchronised.
   const void* ready_event = nullptr;
 
-  // Bytes the view spans: (rows - 1) * row_stride + cols elements.
+  // Bytes the view spans: (rows - 1) * row_stride + cols elements; -1 if that overflows (a
+  // view built from a request never does: proto_convert checks it with TensorByteExtent).
   int64_t ByteExtent() const;
   const void* Row(int32_t row) const {
     return static_cast<const char*>(data) +

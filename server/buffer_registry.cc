@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "sampler/extent.h"
 #include "server/cuda_ipc_handle.h"
 
 namespace samplerd {
@@ -20,10 +21,9 @@ absl::Status BufferRegistry::Register(const v1::RegisterBufferRequest& request) 
   region->info.set_device_id(request.device_id());
   switch (request.kind()) {
     case v1::HOST_SHM: {
-      auto shm = ShmRegion::Open(request.shm_name(), request.byte_size());
+      auto shm = ShmRegion::Open(request.shm_name(), request.byte_size(), shm_options_);
       if (!shm.ok()) return shm.status();
       region->shm = std::move(*shm);
-      region->data = region->shm->data();
       region->bytes = region->shm->byte_size();
       region->info.set_shm_name(request.shm_name());
       break;
@@ -107,17 +107,17 @@ absl::StatusOr<const void*> BufferRegistry::Resolve(const v1::Tensor& tensor, in
         region = it->second;
       }
       const int64_t size = region->info.byte_size();
-      if (slice.byte_offset() < 0 || slice.byte_offset() > size ||
-          byte_extent > size - slice.byte_offset()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            field, ".buffer.byte_offset: the slice [", slice.byte_offset(), ", ",
-            slice.byte_offset() + byte_extent, ") exceeds buffer '", slice.name(), "' of ", size,
-            " bytes"));
-      }
+      auto within = CheckSliceWithin(
+          slice.byte_offset(), byte_extent, size, field + ".buffer.byte_offset",
+          absl::StrCat("buffer '", slice.name(), "' of ", size, " bytes"));
+      if (!within.ok()) return within;
       *on_device = region->on_device;
-      const void* data = static_cast<const char*>(region->data) + slice.byte_offset();
-      *lease = region;
-      return data;
+      if (region->on_device) {
+        *lease = region;
+        return static_cast<const void*>(static_cast<const char*>(region->data) +
+                                        slice.byte_offset());
+      }
+      return CopyShmSlice(region, slice.byte_offset(), byte_extent, field + ".buffer", lease);
     }
     case v1::Tensor::kCudaIpc: {
       const v1::CudaIpcRef& ref = tensor.cuda_ipc();
@@ -136,13 +136,10 @@ absl::StatusOr<const void*> BufferRegistry::Resolve(const v1::Tensor& tensor, in
       auto region = OneOffRegion(*handle, ref.device_id());
       if (!region.ok()) return region.status();
       const int64_t size = (*region)->bytes;
-      if (ref.byte_offset() < 0 || ref.byte_offset() > size ||
-          byte_extent > size - ref.byte_offset()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            field, ".cuda_ipc.byte_offset: the slice [", ref.byte_offset(), ", ",
-            ref.byte_offset() + byte_extent, ") exceeds the handle's allocation of ", size,
-            " bytes"));
-      }
+      auto within = CheckSliceWithin(
+          ref.byte_offset(), byte_extent, size, field + ".cuda_ipc.byte_offset",
+          absl::StrCat("the handle's allocation of ", size, " bytes"));
+      if (!within.ok()) return within;
       *on_device = true;
       const void* data = static_cast<const char*>((*region)->data) + ref.byte_offset();
       *lease = *region;
@@ -155,6 +152,30 @@ absl::StatusOr<const void*> BufferRegistry::Resolve(const v1::Tensor& tensor, in
     default:
       return absl::InvalidArgumentError(absl::StrCat(field, ": not a registered-buffer source"));
   }
+}
+
+absl::StatusOr<const void*> BufferRegistry::CopyShmSlice(std::shared_ptr<const Region> region,
+                                                         int64_t offset, int64_t bytes,
+                                                         const std::string& field,
+                                                         std::shared_ptr<const void>* lease) {
+  // The copy's memory is reserved before it is allocated; the lease returns both.
+  struct Copy {
+    MemoryBudget::Lease reservation;
+    std::unique_ptr<unsigned char[]> bytes;
+  };
+  auto copy = std::make_shared<Copy>();
+  if (budget_ != nullptr) {
+    auto reservation = budget_->Reserve(bytes, field);
+    if (!reservation.ok()) return reservation.status();
+    copy->reservation = std::move(*reservation);
+  }
+  // Not value-initialised: every byte is overwritten by the read.
+  copy->bytes.reset(new unsigned char[static_cast<size_t>(std::max<int64_t>(bytes, 1))]);
+  auto read = region->shm->Read(offset, bytes, copy->bytes.get(), field);
+  if (!read.ok()) return read;
+  const void* data = copy->bytes.get();
+  *lease = std::move(copy);
+  return data;
 }
 
 absl::StatusOr<std::shared_ptr<const BufferRegistry::Region>> BufferRegistry::OneOffRegion(

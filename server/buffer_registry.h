@@ -1,9 +1,11 @@
 // Named regions that steps read logits from: POSIX shared memory (HOST_SHM) now, CUDA IPC
 // regions with the CUDA backend. Also the server's LogitsSourceResolver: every slice is checked
 // against the region's byte_size before any read, and a step holds a lease on the region so
-// that UnregisterBuffer never unmaps memory a step is reading.
+// that UnregisterBuffer never unmaps memory a step is reading. A HOST_SHM slice is copied
+// through the object's descriptor into memory reserved from the request budget (ShmRegion says
+// why): a worker that shrinks its object fails its own step, never the server.
 //
-//   BufferRegistry registry(/*cuda_available=*/false);
+//   BufferRegistry registry(BufferRegistryOptions{});
 //   RETURN_IF_ERROR(registry.Register(request));
 //   ASSIGN_OR_RETURN(auto converted, StepFromProto(sample_request, &registry));
 #ifndef SAMPLERD_SERVER_BUFFER_REGISTRY_H_
@@ -16,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "sampler/memory_budget.h"
 #include "samplerd/v1/sampler.pb.h"
 #include "server/device_memory.h"
 #include "server/proto_convert.h"
@@ -23,18 +26,29 @@
 
 namespace samplerd {
 
+struct BufferRegistryOptions {
+  int max_buffers = 1024;  // registered regions; RESOURCE_EXHAUSTED beyond
+  // The GPU backend's opener of CUDA IPC memory, or null (CUDA IPC is FAILED_PRECONDITION).
+  DeviceMemoryOpener* device = nullptr;
+  ShmOpenOptions shm;
+  // Where copies of shm slices are reserved; null = unbounded (tests).
+  MemoryBudget* budget = nullptr;
+};
+
 class BufferRegistry final : public LogitsSourceResolver {
  public:
-  // Limits the number of registered regions (RESOURCE_EXHAUSTED beyond it). `device`: the GPU
-  // backend's opener of CUDA IPC memory, or null (then CUDA IPC is FAILED_PRECONDITION).
-  explicit BufferRegistry(int max_buffers = 1024, DeviceMemoryOpener* device = nullptr)
-      : max_buffers_(max_buffers), device_(device) {}
+  explicit BufferRegistry(const BufferRegistryOptions& options)
+      : max_buffers_(options.max_buffers),
+        device_(options.device),
+        shm_options_(options.shm),
+        budget_(options.budget) {}
   BufferRegistry(const BufferRegistry&) = delete;
   BufferRegistry& operator=(const BufferRegistry&) = delete;
 
   // Errors: INVALID_ARGUMENT (empty name, bad kind, bad handle or size), ALREADY_EXISTS,
-  // NOT_FOUND (no such shm object), FAILED_PRECONDITION (object too small; CUDA_IPC without
-  // the CUDA backend), RESOURCE_EXHAUSTED (too many regions).
+  // NOT_FOUND (no such shm object), PERMISSION_DENIED (an shm object no allowed uid owns),
+  // FAILED_PRECONDITION (object too small or not a regular file; CUDA_IPC without the CUDA
+  // backend), RESOURCE_EXHAUSTED (too many regions).
   absl::Status Register(const v1::RegisterBufferRequest& request);
   // Removes `name`; its memory stays mapped until the last step reading it finishes.
   // NOT_FOUND for an unknown name.
@@ -57,16 +71,22 @@ class BufferRegistry final : public LogitsSourceResolver {
     v1::BufferInfo info;
     std::unique_ptr<ShmRegion> shm;          // HOST_SHM
     std::shared_ptr<const void> device;      // CUDA_IPC: keeps the mapping open
-    const void* data = nullptr;              // the region's first byte (host or device)
+    const void* data = nullptr;              // CUDA_IPC: the region's first device byte
     int64_t bytes = 0;                       // readable bytes from data
     bool on_device = false;
   };
+  // Copies [offset, offset + bytes) of a HOST_SHM region into reserved memory; *lease owns it.
+  absl::StatusOr<const void*> CopyShmSlice(std::shared_ptr<const Region> region, int64_t offset,
+                                           int64_t bytes, const std::string& field,
+                                           std::shared_ptr<const void>* lease);
   // Opens (or finds) a one-off cuda_ipc handle's whole allocation.
   absl::StatusOr<std::shared_ptr<const Region>> OneOffRegion(const CudaIpcHandle& handle,
                                                              int device);
 
   const int max_buffers_;
   DeviceMemoryOpener* const device_;  // borrowed; may be null
+  const ShmOpenOptions shm_options_;
+  MemoryBudget* const budget_;        // borrowed; may be null
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<const Region>> regions_ ABSL_GUARDED_BY(mu_);
   // Bounded caches, oldest first out (leases keep an evicted entry open while in use).

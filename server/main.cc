@@ -47,6 +47,13 @@ ABSL_FLAG(int, max_queued_steps, 64,
           "steps admitted at once; further steps get RESOURCE_EXHAUSTED at once");
 ABSL_FLAG(int64_t, draft_pool_elements, 325LL * 129280,
           "draft pool capacity in elements (a dense row costs V, a top-N row 2N)");
+ABSL_FLAG(int64_t, max_request_memory_bytes, 2LL << 30,
+          "memory that steps in flight may make the server allocate (shard concatenation, "
+          "copies of shared-memory slices), reserved before allocating; a step that does not "
+          "fit fails with RESOURCE_EXHAUSTED");
+ABSL_FLAG(std::string, shm_allowed_uids, "",
+          "comma-separated uids whose POSIX shm objects may be registered as HOST_SHM regions "
+          "(empty = the server's own uid only)");
 ABSL_FLAG(std::string, metrics_address, "",
           "serve Prometheus /metrics on host:port (empty = off)");
 ABSL_FLAG(int, shutdown_grace_ms, 0,
@@ -151,8 +158,19 @@ int Serve() {
     spdlog::error("{}", metrics.status().ToString());
     return 2;
   }
-  BufferRegistry registry(/*max_buffers=*/1024, device_memory.get());
+  auto allowed_uids = ParseUidList(absl::GetFlag(FLAGS_shm_allowed_uids));
+  if (!allowed_uids.ok()) {
+    spdlog::error("--shm_allowed_uids: {}", std::string(allowed_uids.status().message()));
+    return 2;
+  }
+  MemoryBudget request_memory(absl::GetFlag(FLAGS_max_request_memory_bytes));
+  BufferRegistryOptions registry_options;
+  registry_options.device = device_memory.get();
+  registry_options.shm.allowed_owners = *allowed_uids;
+  registry_options.budget = &request_memory;
+  BufferRegistry registry(registry_options);
   ServiceOptions options;
+  options.request_memory = &request_memory;
   options.limits.max_rows = absl::GetFlag(FLAGS_max_rows);
   options.limits.max_vocab_size = absl::GetFlag(FLAGS_max_vocab_size);
   options.limits.max_top_logprobs = absl::GetFlag(FLAGS_max_top_logprobs);

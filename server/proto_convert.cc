@@ -3,9 +3,19 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "sampler/extent.h"
 
 namespace samplerd {
 namespace {
+
+// Where a step's non-inline sources come from, and what bounds the memory it may cause.
+struct ConvertContext {
+  LogitsSourceResolver* resolver;  // may be null (run-local)
+  MemoryBudget* budget;            // may be null: unbounded
+};
+
+// Sharded logits are concatenated into one tensor of at most this many columns.
+constexpr int64_t kMaxShardedCols = int64_t{1} << 30;
 
 absl::Status Invalid(const std::string& field, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
@@ -24,30 +34,29 @@ absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, const std::string& field) 
   }
 }
 
-// Resolves one Tensor (no shards) to a view.
+// Resolves one Tensor (no shards) to a view. Its byte extent is computed once, checked, and
+// every source is checked to hold that many bytes before the view is built.
 absl::StatusOr<LogitsView> SingleTensorView(const v1::Tensor& tensor, const std::string& field,
-                                            ConvertedStep& holder, LogitsSourceResolver* resolver) {
+                                            ConvertedStep& holder, const ConvertContext& ctx) {
   LogitsView view;
-  view.rows = tensor.rows();
-  view.cols = tensor.cols();
-  if (view.rows <= 0) return Invalid(field + ".rows", absl::StrCat(view.rows, " must be >= 1"));
-  if (view.cols <= 0) return Invalid(field + ".cols", absl::StrCat(view.cols, " must be >= 1"));
-  view.row_stride = tensor.row_stride() == 0 ? tensor.cols() : tensor.row_stride();
-  if (view.row_stride < view.cols) {
-    return Invalid(field + ".row_stride",
-                   absl::StrCat(tensor.row_stride(), " is less than cols = ", view.cols));
-  }
   if (tensor.source_case() == v1::Tensor::kValues) {
     if (tensor.dtype() != v1::DTYPE_UNSPECIFIED && tensor.dtype() != v1::FLOAT32) {
       return Invalid(field + ".dtype", "`values` are float32: dtype must be FLOAT32 or unset");
     }
     view.dtype = DType::kFloat32;
-  } else {
+  } else if (tensor.source_case() != v1::Tensor::SOURCE_NOT_SET) {
     auto dtype = DTypeFromProto(tensor.dtype(), field);
     if (!dtype.ok()) return dtype.status();
     view.dtype = *dtype;
   }
-  const int64_t extent = view.ByteExtent();
+  const int64_t row_stride = tensor.row_stride() == 0 ? tensor.cols() : tensor.row_stride();
+  auto extent_or =
+      TensorByteExtent(tensor.rows(), tensor.cols(), row_stride, DTypeSize(view.dtype), field);
+  if (!extent_or.ok()) return extent_or.status();
+  const int64_t extent = *extent_or;
+  view.rows = tensor.rows();
+  view.cols = tensor.cols();
+  view.row_stride = row_stride;
   switch (tensor.source_case()) {
     case v1::Tensor::kData:
       if (static_cast<int64_t>(tensor.data().size()) < extent) {
@@ -70,13 +79,13 @@ absl::StatusOr<LogitsView> SingleTensorView(const v1::Tensor& tensor, const std:
     case v1::Tensor::kBuffer:
     case v1::Tensor::kCudaIpc:
     case v1::Tensor::kNccl: {
-      if (resolver == nullptr) {
+      if (ctx.resolver == nullptr) {
         return absl::FailedPreconditionError(absl::StrCat(
             field, ": buffer, cuda_ipc and nccl sources need a running samplerd server; "
                    "inline `data` or `values` are read here"));
       }
       std::shared_ptr<const void> lease;
-      auto data = resolver->Resolve(tensor, extent, field, &view.on_device, &lease);
+      auto data = ctx.resolver->Resolve(tensor, extent, field, &view.on_device, &lease);
       if (!data.ok()) return data.status();
       view.data = *data;
       if (lease) holder.leases.push_back(std::move(lease));
@@ -84,8 +93,8 @@ absl::StatusOr<LogitsView> SingleTensorView(const v1::Tensor& tensor, const std:
       // memory is read after the call arrives, so the producer has finished writing it.)
       if (view.on_device && !tensor.ready_event().empty()) {
         std::shared_ptr<const void> event_lease;
-        auto event = resolver->ResolveReadyEvent(tensor.ready_event(), field + ".ready_event",
-                                                 &event_lease);
+        auto event = ctx.resolver->ResolveReadyEvent(tensor.ready_event(),
+                                                     field + ".ready_event", &event_lease);
         if (!event.ok()) return event.status();
         view.ready_event = *event;
         if (event_lease) holder.leases.push_back(std::move(event_lease));
@@ -98,10 +107,11 @@ absl::StatusOr<LogitsView> SingleTensorView(const v1::Tensor& tensor, const std:
   return Invalid(field, "has no source: set data, values, buffer, cuda_ipc, nccl or shards");
 }
 
-// Resolves a Tensor, concatenating tensor-parallel shards along columns into owned storage.
+// Resolves a Tensor, concatenating tensor-parallel shards along columns into owned storage,
+// reserved from the budget before it is allocated.
 absl::StatusOr<LogitsView> TensorView(const v1::Tensor& tensor, const std::string& field,
-                                      ConvertedStep& holder, LogitsSourceResolver* resolver) {
-  if (tensor.shards_size() == 0) return SingleTensorView(tensor, field, holder, resolver);
+                                      ConvertedStep& holder, const ConvertContext& ctx) {
+  if (tensor.shards_size() == 0) return SingleTensorView(tensor, field, holder, ctx);
   if (tensor.source_case() != v1::Tensor::SOURCE_NOT_SET) {
     return Invalid(field, "set either shards or a source, not both");
   }
@@ -110,7 +120,7 @@ absl::StatusOr<LogitsView> TensorView(const v1::Tensor& tensor, const std::strin
   for (int s = 0; s < tensor.shards_size(); ++s) {
     const std::string shard_field = absl::StrCat(field, ".shards[", s, "]");
     if (tensor.shards(s).shards_size() > 0) return Invalid(shard_field, "shards do not nest");
-    auto view = SingleTensorView(tensor.shards(s), shard_field, holder, resolver);
+    auto view = SingleTensorView(tensor.shards(s), shard_field, holder, ctx);
     if (!view.ok()) return view.status();
     if (view->on_device) {
       return absl::FailedPreconditionError(
@@ -119,18 +129,27 @@ absl::StatusOr<LogitsView> TensorView(const v1::Tensor& tensor, const std::strin
     if (!shards.empty() && (view->rows != shards[0].rows || view->dtype != shards[0].dtype)) {
       return Invalid(shard_field, "every shard must have the same rows and dtype as shards[0]");
     }
-    cols += view->cols;
+    cols += view->cols;  // at most 2^31 shards of < 2^31 columns: no overflow
+    if (cols > kMaxShardedCols) {
+      return Invalid(field + ".shards",
+                     absl::StrCat("the shards' columns add up to more than ", kMaxShardedCols));
+    }
     shards.push_back(*view);
   }
-  if (cols > (int64_t{1} << 30)) return Invalid(field, "shards are too wide");
   LogitsView out;
   out.dtype = shards[0].dtype;
   out.rows = shards[0].rows;
   out.cols = static_cast<int32_t>(cols);
   out.row_stride = cols;
   const int elem = DTypeSize(out.dtype);
-  auto storage = std::make_unique<std::vector<unsigned char>>(
-      static_cast<size_t>(out.rows) * cols * elem);
+  auto bytes = TensorByteExtent(out.rows, cols, cols, elem, field);
+  if (!bytes.ok()) return bytes.status();
+  if (ctx.budget != nullptr) {
+    auto lease = ctx.budget->Reserve(*bytes, field + ".shards");
+    if (!lease.ok()) return lease.status();
+    holder.leases.push_back(std::move(*lease));
+  }
+  auto storage = std::make_unique<std::vector<unsigned char>>(static_cast<size_t>(*bytes));
   for (int32_t r = 0; r < out.rows; ++r) {
     unsigned char* dst = storage->data() + static_cast<size_t>(r) * cols * elem;
     for (const LogitsView& shard : shards) {
@@ -164,7 +183,7 @@ std::vector<T> ToVector(const google::protobuf::RepeatedField<T>& field) {
 
 // Converts one request; a fault of its draft tensors is returned, to fail this request only.
 absl::Status RequestFromProto(const v1::RequestInputs& in, const std::string& field,
-                              ConvertedStep& holder, LogitsSourceResolver* resolver,
+                              ConvertedStep& holder, const ConvertContext& ctx,
                               RequestInputs& out) {
   out.request_id = in.request_id();
   out.params = ParamsFromProto(in.params());
@@ -186,12 +205,12 @@ absl::Status RequestFromProto(const v1::RequestInputs& in, const std::string& fi
     return Invalid(field, "set draft_logprobs or draft_topn, not both");
   }
   if (in.has_draft_logprobs()) {
-    auto view = TensorView(in.draft_logprobs(), field + ".draft_logprobs", holder, resolver);
+    auto view = TensorView(in.draft_logprobs(), field + ".draft_logprobs", holder, ctx);
     if (!view.ok()) return view.status();
     out.drafts.form = DraftDistributions::Form::kDense;
     out.drafts.values = *view;
   } else if (in.has_draft_topn()) {
-    auto view = TensorView(in.draft_topn().values(), field + ".draft_topn.values", holder, resolver);
+    auto view = TensorView(in.draft_topn().values(), field + ".draft_topn.values", holder, ctx);
     if (!view.ok()) return view.status();
     out.drafts.form = DraftDistributions::Form::kTopN;
     out.drafts.values = *view;
@@ -207,7 +226,9 @@ absl::Status RequestFromProto(const v1::RequestInputs& in, const std::string& fi
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ConvertedStep>> StepFromProto(const v1::SampleRequest& request,
-                                                             LogitsSourceResolver* resolver) {
+                                                             LogitsSourceResolver* resolver,
+                                                             MemoryBudget* budget) {
+  const ConvertContext ctx{resolver, budget};
   auto converted = std::make_unique<ConvertedStep>();
   Step& step = converted->step;
   const v1::SamplerInputs& inputs = request.inputs();
@@ -229,7 +250,7 @@ absl::StatusOr<std::unique_ptr<ConvertedStep>> StepFromProto(const v1::SampleReq
   step.force_top_n = inputs.force_top_n();
   step.compute_sum_smaller_probs = inputs.compute_sum_smaller_probs();
   if (!request.has_logits()) return Invalid("logits", "required");
-  auto logits = TensorView(request.logits(), "logits", *converted, resolver);
+  auto logits = TensorView(request.logits(), "logits", *converted, ctx);
   if (!logits.ok()) return logits.status();
   step.logits = *logits;
   step.requests.resize(inputs.requests_size());
@@ -237,7 +258,7 @@ absl::StatusOr<std::unique_ptr<ConvertedStep>> StepFromProto(const v1::SampleReq
   for (int i = 0; i < inputs.requests_size(); ++i) {
     converted->request_faults[i] =
         RequestFromProto(inputs.requests(i), absl::StrCat("requests[", i, "]"), *converted,
-                         resolver, step.requests[i]);
+                         ctx, step.requests[i]);
   }
   return converted;
 }

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "samplerd/v1/sampler.pb.h"
+#include "sampler/memory_budget.h"
 #include "sampler/types.h"
 #include "sampler/validate.h"
 
@@ -27,8 +28,8 @@ namespace samplerd {
 class LogitsSourceResolver {
  public:
   virtual ~LogitsSourceResolver() = default;
-  // Returns a pointer to `byte_extent` readable bytes of the source, and `lease`, which keeps
-  // them valid until released. Errors name `field` (NOT_FOUND for an unknown buffer,
+  // Returns a pointer to `byte_extent` readable bytes of the source (`byte_extent` is already
+  // overflow-checked), and `lease`, which keeps them valid until released. Errors name `field` (NOT_FOUND for an unknown buffer,
   // INVALID_ARGUMENT for a slice past its end, FAILED_PRECONDITION for a source this backend
   // cannot read).
   virtual absl::StatusOr<const void*> Resolve(const v1::Tensor& tensor, int64_t byte_extent,
@@ -53,11 +54,16 @@ struct ConvertedStep {
 };
 
 // Converts `request`, which must outlive the result (inline bytes are borrowed, not copied).
-// Errors (the whole step): INVALID_ARGUMENT for a malformed logits tensor or step kind;
-// NOT_FOUND / FAILED_PRECONDITION from the resolver; FAILED_PRECONDITION for a non-inline
-// source when `resolver` is null. Messages name the field.
+// Every tensor's extent is computed with overflow-checked arithmetic and checked against the
+// bytes its source holds before a view is built. Memory the conversion allocates (shard
+// concatenation) is reserved from `budget` first (null: unbounded; the ConvertedStep holds
+// the reservation). Errors (the whole step): INVALID_ARGUMENT for a malformed logits tensor or
+// step kind; NOT_FOUND / FAILED_PRECONDITION from the resolver; FAILED_PRECONDITION for a
+// non-inline source when `resolver` is null; RESOURCE_EXHAUSTED when the budget is short.
+// Messages name the field.
 absl::StatusOr<std::unique_ptr<ConvertedStep>> StepFromProto(const v1::SampleRequest& request,
-                                                             LogitsSourceResolver* resolver);
+                                                             LogitsSourceResolver* resolver,
+                                                             MemoryBudget* budget = nullptr);
 
 // PlanStep, then the conversion's per-request faults applied to the plan.
 absl::StatusOr<StepPlan> PlanConvertedStep(const ConvertedStep& converted, const Limits& limits,

@@ -51,7 +51,7 @@ absl::Status SamplerService::RunStep(const v1::SampleRequest& request,
         "samplerd is busy: ", options_.max_queued_steps, " steps are already queued"));
   }
   metrics_.AddInFlight(1);
-  auto converted = StepFromProto(request, &registry_);
+  auto converted = StepFromProto(request, &registry_, options_.request_memory);
   absl::StatusOr<StepResult> result;
   Clock::time_point computed = start, done = start;
   int64_t rows = 0;  // logits rows the step samples or reads for prompt logprobs

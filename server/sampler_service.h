@@ -27,6 +27,7 @@ struct ServiceOptions {
   Limits limits;
   int max_queued_steps = 64;            // steps admitted at once (waiting or computing)
   int64_t max_message_bytes = 64 << 20; // reported by GetServerInfo
+  MemoryBudget* request_memory = nullptr;  // bounds what conversion allocates; null = unbounded
   std::string version = "0.1.0";
 };
 
