@@ -1,8 +1,21 @@
 #include "client/sampler_client.h"
 
+#include <random>
+
 #include "absl/strings/str_cat.h"
 
 namespace samplerd {
+namespace {
+
+// 128 random bits as hex: a client id no other client can guess.
+std::string RandomClientId() {
+  std::random_device entropy;
+  std::string id;
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&id, absl::Hex(entropy(), absl::kZeroPad8));
+  return id;
+}
+
+}  // namespace
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
@@ -25,10 +38,23 @@ SamplerClient::SamplerClient(std::shared_ptr<grpc::Channel> channel, const Clien
     : options_(options),
       channel_(std::move(channel)),
       stub_(v1::Sampler::NewStub(channel_)),
-      health_(grpc::health::v1::Health::NewStub(channel_)) {}
+      health_(grpc::health::v1::Health::NewStub(channel_)),
+      client_id_(RandomClientId()) {}
 
 void SamplerClient::SetDeadline(grpc::ClientContext& context) const {
   context.set_deadline(std::chrono::system_clock::now() + options_.timeout);
+  context.AddMetadata("samplerd-client-id", client_id_);
+}
+
+absl::StatusOr<int> SamplerClient::Release(const std::vector<std::string>& request_ids) {
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::ReleaseRequest request;
+  for (const std::string& id : request_ids) request.add_request_ids(id);
+  v1::ReleaseResponse response;
+  const grpc::Status status = stub_->Release(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response.released_rows();
 }
 
 absl::StatusOr<v1::SampleResponse> SamplerClient::Sample(const v1::SampleRequest& request) {
@@ -43,6 +69,7 @@ absl::StatusOr<v1::SampleResponse> SamplerClient::Sample(const v1::SampleRequest
 absl::StatusOr<std::unique_ptr<SamplerClient::StepStream>> SamplerClient::OpenStream() {
   auto stream = std::unique_ptr<StepStream>(new StepStream());
   stream->context_ = std::make_unique<grpc::ClientContext>();
+  stream->context_->AddMetadata("samplerd-client-id", client_id_);
   stream->stream_ = stub_->SampleStream(stream->context_.get());
   if (stream->stream_ == nullptr) return absl::UnavailableError("cannot open SampleStream");
   return stream;

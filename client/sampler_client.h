@@ -65,6 +65,11 @@ class SamplerClient final {
   absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo();
   // grpc.health.v1 Check of `service` ("" = the server as a whole): true when SERVING.
   absl::StatusOr<bool> IsServing(const std::string& service = "");
+  // Drops this client's draft pool entries of `request_ids`; returns the rows dropped.
+  absl::StatusOr<int> Release(const std::vector<std::string>& request_ids);
+  // The random id sent as `samplerd-client-id` metadata with every call: the server scopes
+  // this client's draft pool entries by it.
+  const std::string& client_id() const { return client_id_; }
 
  private:
   SamplerClient(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options);
@@ -74,6 +79,7 @@ class SamplerClient final {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Sampler::Stub> stub_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+  const std::string client_id_;
 };
 
 // grpc::Status -> absl::Status (client side).

@@ -169,7 +169,8 @@ bool CudaDeviceUsable(int device, std::string* why) {
 struct CudaBackend::Impl {
   explicit Impl(const CudaBackendOptions& options)
       : options(options),
-        draft_store(std::make_shared<DeviceDraftStore>(options.draft_pool.capacity_elements)),
+        draft_store(std::make_shared<DeviceDraftStore>(options.draft_pool.capacity_bytes /
+                                                      static_cast<int64_t>(sizeof(float)))),
         pool(options.draft_pool) {}
   ~Impl() {
     if (start != nullptr) cudaEventDestroy(start);

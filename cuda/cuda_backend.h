@@ -40,7 +40,7 @@ class CudaBackend final : public Backend {
   absl::StatusOr<StepResult> Sample(const StepPlan& plan) override;
   BackendInfo Info() const override;
 
-  DraftPool& draft_pool();
+  DraftPool& draft_pool() override;
 
   // Kernel time of the last step, in microseconds (CUDA events around the launches).
   float last_kernel_us() const;

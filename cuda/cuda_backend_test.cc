@@ -348,7 +348,7 @@ TEST(CudaBackend, DecodeAndDraftMatchCpu) {
               topn_ids[i].push_back(ids[k]);
             }
           }
-          gpu->draft_pool().Release("r" + std::to_string(i));
+          gpu->draft_pool().Release(DraftPoolKey("", "r" + std::to_string(i)));
         }
       }
       Step decode = MakeStep(StepKind::kDecode, target, vocab);
@@ -391,7 +391,10 @@ TEST(CudaBackend, DecodeAndDraftMatchCpu) {
 TEST(CudaBackend, DraftPoolLivesOnTheDevice) {
   const int32_t vocab = 1000, row_elements = 1024;
   CudaBackendOptions options;
-  options.draft_pool.capacity_elements = 3 * row_elements;
+  // Three rows of device memory, and the bookkeeping of three rows and two entries.
+  const int64_t row_bytes = row_elements * 4 + kRowOverheadBytes;
+  const int64_t entry_bytes = kEntryOverheadBytes + DraftPoolKey("", "p0").size();
+  options.draft_pool.capacity_bytes = 3 * row_bytes + 2 * entry_bytes;
   auto created = CudaBackend::Create(options);
   ASSERT_TRUE(created.ok()) << created.status();
   CudaBackend& gpu = **created;
@@ -437,7 +440,7 @@ TEST(CudaBackend, DraftPoolLivesOnTheDevice) {
   EXPECT_EQ(first.results[1].status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(first.results[1].status.message().find("requests[1]: draft pool full"), std::string::npos)
       << first.results[1].status;
-  EXPECT_EQ(gpu.draft_pool().UsedElements(), 2 * row_elements);
+  EXPECT_EQ(gpu.draft_pool().UsedBytes(), 2 * row_bytes + entry_bytes);
 
   // The same DRAFT (p0 alone) and DECODE on the CPU: the same tokens.
   const StepResult cpu_first = RunStep(*cpu, draft_step({2}, draft_logits));
@@ -448,7 +451,7 @@ TEST(CudaBackend, DraftPoolLivesOnTheDevice) {
   ASSERT_TRUE(gpu_decode.results[0].status.ok()) << gpu_decode.results[0].status;
   EXPECT_EQ(gpu_decode.results[0].token_ids, cpu_decode.results[0].token_ids);
   EXPECT_EQ(gpu_decode.results[0].num_accepted, cpu_decode.results[0].num_accepted);
-  EXPECT_EQ(gpu.draft_pool().UsedElements(), 0);
+  EXPECT_EQ(gpu.draft_pool().UsedBytes(), 0);
 
   for (int cycle = 0; cycle < 50; ++cycle) {
     HostLogits logits(3, vocab, 100 + cycle, 2.0f);
@@ -459,9 +462,9 @@ TEST(CudaBackend, DraftPoolLivesOnTheDevice) {
       const StepResult v = RunStep(gpu, decode_step(d.results[0].token_ids, t));
       ASSERT_TRUE(v.results[0].status.ok()) << "cycle " << cycle << ": " << v.results[0].status;
     } else {
-      EXPECT_EQ(gpu.draft_pool().Release("p0"), 3);
+      EXPECT_EQ(gpu.draft_pool().Release(DraftPoolKey("", "p0")), 3);
     }
-    ASSERT_EQ(gpu.draft_pool().UsedElements(), 0);
+    ASSERT_EQ(gpu.draft_pool().UsedBytes(), 0);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "sampler/draft_pool.h"
 #include "sampler/types.h"
 #include "sampler/validate.h"
 
@@ -31,6 +32,9 @@ class Backend {
   virtual absl::StatusOr<StepResult> Sample(const StepPlan& plan) = 0;
 
   virtual BackendInfo Info() const = 0;
+
+  // The backend's draft pool (internally synchronised): the service releases entries in it.
+  virtual DraftPool& draft_pool() = 0;
 };
 
 }  // namespace samplerd

@@ -41,7 +41,7 @@ class CpuBackend final : public Backend {
   absl::StatusOr<StepResult> Sample(const StepPlan& plan) override;
   BackendInfo Info() const override;
 
-  DraftPool& draft_pool() { return draft_pool_; }
+  DraftPool& draft_pool() override { return draft_pool_; }
 
  private:
   struct Worker;

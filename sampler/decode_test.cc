@@ -18,13 +18,19 @@ using ::testing::HasSubstr;
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-std::unique_ptr<CpuBackend> MakeBackend(int64_t pool_elements = 1 << 20) {
+std::unique_ptr<CpuBackend> MakeBackend(int64_t pool_bytes = 1 << 22) {
   CpuBackendOptions options;
   options.num_threads = 2;
-  options.draft_pool.capacity_elements = pool_elements;
+  options.draft_pool.capacity_bytes = pool_bytes;
   auto backend = CpuBackend::Create(options);
   EXPECT_TRUE(backend.ok());
   return std::move(*backend);
+}
+
+// What a dense CPU pool row of the fixture's 60 values and an entry cost (DraftPool's doc).
+int64_t DenseRowBytes() { return 60 * 4 + kRowOverheadBytes; }
+int64_t EntryBytes(const std::string& request_id) {
+  return kEntryOverheadBytes + static_cast<int64_t>(DraftPoolKey("", request_id).size());
 }
 
 StepResult RunStep(CpuBackend& backend, const Step& step) {
@@ -279,7 +285,7 @@ TEST_F(Decode, DraftStepSamplesInDraftSeedDomainAndFillsThePool) {
     const double u = UniformDouble(77 + 1000000007ULL, 3 * (50 + 2 + (j + 1)));
     EXPECT_EQ(drafted.token_ids[j], ReferenceDraw(ref, u));
   }
-  EXPECT_EQ(backend->draft_pool().UsedElements(), 2 * kVocab);
+  EXPECT_EQ(backend->draft_pool().UsedBytes(), 2 * DenseRowBytes() + EntryBytes("a"));
 
   // The DECODE step verifies against the pooled distributions, consuming them.
   Step decode = MakeStep(StepKind::kDecode, logits_, kVocab);
@@ -289,7 +295,7 @@ TEST_F(Decode, DraftStepSamplesInDraftSeedDomainAndFillsThePool) {
   const RequestResult verified = RunStep(*backend, decode).results[0];
   ASSERT_TRUE(verified.status.ok()) << verified.status;
   EXPECT_GE(verified.token_ids.size(), 1u);
-  EXPECT_EQ(backend->draft_pool().UsedElements(), 0);
+  EXPECT_EQ(backend->draft_pool().UsedBytes(), 0);
   const RequestResult again = RunStep(*backend, decode).results[0];
   EXPECT_EQ(again.status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(again.status.message()), HasSubstr("draft pool holds no drafts"));
@@ -306,11 +312,13 @@ TEST_F(Decode, PoolStoresTopNFormWithForceTopN) {
   d.params.seq_seed = 1;
   draft.requests = {d};
   ASSERT_TRUE(RunStep(*backend, draft).results[0].status.ok());
-  EXPECT_EQ(backend->draft_pool().UsedElements(), 2 * 8);  // 8 values + 8 ids
+  // 8 values + 8 ids, the row's and the entry's bookkeeping.
+  EXPECT_EQ(backend->draft_pool().UsedBytes(), 8 * 4 + 8 * 4 + kRowOverheadBytes + EntryBytes("a"));
 }
 
 TEST_F(Decode, FullPoolIsResourceExhaustedForTheRequestThatDoesNotFit) {
-  auto backend = MakeBackend(/*pool_elements=*/3 * kVocab);
+  // Room for three rows and two entries: r0 (two rows) fits, r1 then does not.
+  auto backend = MakeBackend(3 * DenseRowBytes() + 2 * EntryBytes("r0"));
   Step draft = MakeStep(StepKind::kDraft, logits_, kVocab);
   for (int i = 0; i < 2; ++i) {
     RequestInputs d;
@@ -326,8 +334,8 @@ TEST_F(Decode, FullPoolIsResourceExhaustedForTheRequestThatDoesNotFit) {
   EXPECT_THAT(std::string(result.results[1].status.message()), HasSubstr("draft pool full"));
   EXPECT_TRUE(result.results[1].token_ids.empty());
   // Releasing a request frees its space for others.
-  EXPECT_EQ(backend->draft_pool().Release("r0"), 2);
-  EXPECT_EQ(backend->draft_pool().UsedElements(), 0);
+  EXPECT_EQ(backend->draft_pool().Release(DraftPoolKey("", "r0")), 2);
+  EXPECT_EQ(backend->draft_pool().UsedBytes(), 0);
   draft.requests = {draft.requests[1]};
   EXPECT_TRUE(RunStep(*backend, draft).results[0].status.ok());
 }
@@ -350,6 +358,73 @@ TEST_F(Decode, MissingDraftIndexInPoolIsFailedPrecondition) {
   EXPECT_EQ(result.results[0].status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(result.results[0].status.message()), HasSubstr("no draft 2"));
   EXPECT_TRUE(result.results[1].status.ok());  // q = 1 needs no drafts
+}
+
+
+// Pool keys are scoped by client: another client's DECODE with the same request id finds
+// nothing, and consumes nothing.
+TEST_F(Decode, PoolEntriesAreScopedByClient) {
+  auto backend = MakeBackend();
+  Step draft = MakeStep(StepKind::kDraft, logits_, kVocab);
+  draft.pool_scope = "client-A";
+  RequestInputs d;
+  d.request_id = "same-id";
+  d.rows = {8, 9};
+  d.draft_indices = {1, 2};
+  d.params.seq_seed = 3;
+  draft.requests = {d};
+  const RequestResult drafted = RunStep(*backend, draft).results[0];
+  ASSERT_TRUE(drafted.status.ok()) << drafted.status;
+
+  Step decode = MakeStep(StepKind::kDecode, logits_, kVocab);
+  RequestInputs r = DecodeRequest("same-id", 0, 3, 3);
+  r.draft_token_ids = drafted.token_ids;
+  decode.requests = {r};
+  decode.pool_scope = "client-B";
+  const RequestResult other = RunStep(*backend, decode).results[0];
+  EXPECT_EQ(other.status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(backend->draft_pool().Entries(), 1);  // A's drafts are still there
+  decode.pool_scope = "client-A";
+  EXPECT_TRUE(RunStep(*backend, decode).results[0].status.ok());
+  EXPECT_EQ(backend->draft_pool().Entries(), 0);
+}
+
+// An entry whose DECODE never comes expires after the pool's ttl (a crashed worker's drafts).
+TEST(DraftPoolTest, EntriesExpireAfterTheirTtl) {
+  absl::Time now = absl::FromUnixSeconds(1000);
+  DraftPoolOptions options;
+  options.capacity_bytes = 4 * (10 * 4 + kRowOverheadBytes + kEntryOverheadBytes + 16);
+  options.ttl = absl::Seconds(60);
+  options.now = [&now] { return now; };
+  DraftPool pool(options);
+  auto row = [] {
+    DraftRow r;
+    r.logprobs.assign(10, -1.0f);
+    return r;
+  };
+  for (int i = 0; i < 4; ++i) {
+    std::vector<std::pair<int32_t, DraftRow>> rows;
+    rows.emplace_back(1, row());
+    ASSERT_TRUE(pool.Store(DraftPoolKey("s", std::to_string(i)), std::move(rows)).ok());
+  }
+  std::vector<std::pair<int32_t, DraftRow>> more;
+  more.emplace_back(1, row());
+  EXPECT_EQ(pool.Store(DraftPoolKey("s", "x"), std::move(more)).code(),
+            absl::StatusCode::kResourceExhausted);
+  now += absl::Seconds(59);
+  EXPECT_TRUE(pool.Take(DraftPoolKey("s", "0")).ok());  // still alive at 59 s
+  now += absl::Seconds(2);                               // the others are 61 s old
+  EXPECT_EQ(pool.Take(DraftPoolKey("s", "1")).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(pool.Expire(), 2);
+  EXPECT_EQ(pool.UsedBytes(), 0);
+  EXPECT_EQ(pool.Entries(), 0);
+  // Full capacity is usable again.
+  for (int i = 0; i < 4; ++i) {
+    std::vector<std::pair<int32_t, DraftRow>> rows;
+    rows.emplace_back(1, row());
+    EXPECT_TRUE(pool.Store(DraftPoolKey("s", std::to_string(i)), std::move(rows)).ok());
+  }
 }
 
 }  // namespace

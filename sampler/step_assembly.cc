@@ -32,7 +32,7 @@ void TakeDecodeDrafts(const StepPlan& plan, DraftPool& pool, StepResult& result,
       continue;
     }
     const std::string field = RequestField(i);
-    auto entry = pool.Take(inputs.request_id);
+    auto entry = pool.Take(DraftPoolKey(step.pool_scope, inputs.request_id));
     if (!entry.ok()) {
       result.results[i].status =
           absl::FailedPreconditionError(absl::StrCat(field, ": ", entry.status().message()));
@@ -115,7 +115,8 @@ void AssembleStepResult(const StepPlan& plan, const std::vector<RowTask>& tasks,
         rows_to_store.emplace_back(step.requests[i].draft_indices[j],
                                    std::move(outcomes[first + j].draft_row));
       }
-      const absl::Status stored = pool.Store(out.request_id, std::move(rows_to_store));
+      const absl::Status stored =
+          pool.Store(DraftPoolKey(step.pool_scope, out.request_id), std::move(rows_to_store));
       if (!stored.ok()) {
         out.status = absl::Status(stored.code(), absl::StrCat(RequestField(i), ": ", stored.message()));
       }

@@ -106,6 +106,9 @@ struct Step {
   bool compute_sum_smaller_probs = false;
   LogitsView logits;
   std::vector<RequestInputs> requests;
+  // Whose draft pool entries the step stores and takes (DraftPoolKey): the server sets it from
+  // the caller's identity, so clients never consume each other's drafts. "" = unscoped.
+  std::string pool_scope;
 };
 
 // The top logprobs of one emitted token: descending, ties by lower id, padded with (-1, -inf).

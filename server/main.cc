@@ -8,6 +8,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
@@ -45,12 +46,22 @@ ABSL_FLAG(int, max_top_logprobs, 64, "largest top_logprobs a request may ask for
 ABSL_FLAG(int, max_force_top_n, 16384, "largest force_top_n");
 ABSL_FLAG(int, max_queued_steps, 64,
           "steps admitted at once; further steps get RESOURCE_EXHAUSTED at once");
-ABSL_FLAG(int64_t, draft_pool_elements, 325LL * 129280,
-          "draft pool capacity in elements (a dense row costs V, a top-N row 2N)");
+ABSL_FLAG(int64_t, draft_pool_bytes, 325LL * (129280 * 4 + 256),
+          "draft pool capacity in bytes, bookkeeping included (a dense row costs 4 V bytes plus "
+          "128, a top-N row 8 N plus 128); with the CUDA backend, its device memory");
+ABSL_FLAG(int64_t, draft_pool_ttl_ms, 60000,
+          "a draft pool entry whose DECODE step has not come this long after its DRAFT step is "
+          "dropped");
 ABSL_FLAG(int64_t, max_request_memory_bytes, 2LL << 30,
           "memory that steps in flight may make the server allocate (shard concatenation, "
           "copies of shared-memory slices), reserved before allocating; a step that does not "
           "fit fails with RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_inflight_message_bytes, 1LL << 30,
+          "gRPC resource quota: memory for messages being received and sent, over all calls; "
+          "beyond it gRPC stops reading from connections until memory is freed");
+ABSL_FLAG(int, max_rpc_threads, 256,
+          "gRPC resource quota: most threads serving calls at once (each open SampleStream holds "
+          "one); a call beyond it fails with RESOURCE_EXHAUSTED");
 ABSL_FLAG(std::string, shm_allowed_uids, "",
           "comma-separated uids whose POSIX shm objects may be registered as HOST_SHM regions "
           "(empty = the server's own uid only)");
@@ -109,7 +120,8 @@ int Serve() {
     return 2;
   }
   DraftPoolOptions pool_options;
-  pool_options.capacity_elements = absl::GetFlag(FLAGS_draft_pool_elements);
+  pool_options.capacity_bytes = absl::GetFlag(FLAGS_draft_pool_bytes);
+  pool_options.ttl = absl::Milliseconds(absl::GetFlag(FLAGS_draft_pool_ttl_ms));
   std::unique_ptr<Backend> backend;
   std::unique_ptr<DeviceMemoryOpener> device_memory;  // with the CUDA backend only
 #ifdef SAMPLERD_WITH_CUDA
@@ -182,6 +194,11 @@ int Serve() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // Bounds the memory of messages in flight and the threads calls may hold, over all clients.
+  grpc::ResourceQuota quota("samplerd");
+  quota.Resize(static_cast<size_t>(absl::GetFlag(FLAGS_max_inflight_message_bytes)));
+  quota.SetMaxThreads(absl::GetFlag(FLAGS_max_rpc_threads));
+  builder.SetResourceQuota(quota);
   const int max_bytes = static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX));
   builder.SetMaxReceiveMessageSize(max_bytes);
   builder.SetMaxSendMessageSize(max_bytes);

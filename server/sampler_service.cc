@@ -13,6 +13,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// gRPC metadata naming the client instance (a random id the client libraries send): the
+// draft pool scope that survives reconnects and is shared by a worker's calls and streams.
+constexpr char kClientIdMetadata[] = "samplerd-client-id";
+
 int64_t Micros(Clock::duration d) {
   return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
 }
@@ -42,6 +46,7 @@ SamplerService::SamplerService(Backend& backend, BufferRegistry& registry, Metri
       seed_source_(std::move(seed_source)) {}
 
 absl::Status SamplerService::RunStep(const v1::SampleRequest& request,
+                                     const std::string& pool_scope,
                                      v1::SampleResponse* response) {
   const Clock::time_point start = Clock::now();
   if (draining_.load()) return absl::UnavailableError("samplerd is shutting down");
@@ -52,6 +57,7 @@ absl::Status SamplerService::RunStep(const v1::SampleRequest& request,
   }
   metrics_.AddInFlight(1);
   auto converted = StepFromProto(request, &registry_, options_.request_memory);
+  if (converted.ok()) (*converted)->step.pool_scope = pool_scope;
   absl::StatusOr<StepResult> result;
   Clock::time_point computed = start, done = start;
   int64_t rows = 0;  // logits rows the step samples or reads for prompt logprobs
@@ -100,18 +106,28 @@ absl::Status SamplerService::RunStep(const v1::SampleRequest& request,
   return absl::OkStatus();
 }
 
-grpc::Status SamplerService::Sample(grpc::ServerContext*, const v1::SampleRequest* request,
+std::string SamplerService::PoolScope(const grpc::ServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kClientIdMetadata);
+  if (it != metadata.end() && !it->second.empty()) {
+    return absl::StrCat("id:", absl::string_view(it->second.data(), it->second.size()));
+  }
+  return absl::StrCat("peer:", context.peer());
+}
+
+grpc::Status SamplerService::Sample(grpc::ServerContext* context, const v1::SampleRequest* request,
                                     v1::SampleResponse* response) {
-  return ToGrpcStatus(RunStep(*request, response));
+  return ToGrpcStatus(RunStep(*request, PoolScope(*context), response));
 }
 
 grpc::Status SamplerService::SampleStream(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::SampleResponse, v1::SampleRequest>* stream) {
+  const std::string pool_scope = PoolScope(*context);
   v1::SampleRequest request;
   while (stream->Read(&request)) {
     v1::SampleResponse response;
-    const absl::Status status = RunStep(request, &response);
+    const absl::Status status = RunStep(request, pool_scope, &response);
     if (!status.ok()) {
       // One bad step fails only itself: answer it with its error and keep the stream.
       response.Clear();
@@ -188,6 +204,17 @@ grpc::Status SamplerService::GetServerInfo(grpc::ServerContext*, const v1::GetSe
         "host_shm", "shards", "bf16", "fp16"}) {
     response->add_features(feature);
   }
+  return grpc::Status::OK;
+}
+
+grpc::Status SamplerService::Release(grpc::ServerContext* context, const v1::ReleaseRequest* request,
+                                     v1::ReleaseResponse* response) {
+  const std::string scope = PoolScope(*context);
+  int released = 0;
+  for (const std::string& id : request->request_ids()) {
+    released += backend_.draft_pool().Release(DraftPoolKey(scope, id));
+  }
+  response->set_released_rows(released);
   return grpc::Status::OK;
 }
 

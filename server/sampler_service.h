@@ -55,13 +55,19 @@ class SamplerService final : public v1::Sampler::Service {
                             v1::DestroyGroupResponse* response) override;
   grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
                              v1::GetServerInfoResponse* response) override;
+  grpc::Status Release(grpc::ServerContext* context, const v1::ReleaseRequest* request,
+                       v1::ReleaseResponse* response) override;
+
+  // The caller's draft pool scope: its `samplerd-client-id` metadata, else its peer address.
+  static std::string PoolScope(const grpc::ServerContext& context);
 
   // From now on steps are refused with UNAVAILABLE; steps already admitted are answered.
   void StartDraining() { draining_.store(true); }
 
  private:
   // One step, start to finish. Step-level faults are the returned status.
-  absl::Status RunStep(const v1::SampleRequest& request, v1::SampleResponse* response);
+  absl::Status RunStep(const v1::SampleRequest& request, const std::string& pool_scope,
+                       v1::SampleResponse* response);
 
   // Constant after construction.
   Backend& backend_;
