@@ -559,9 +559,7 @@ absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
   auto row_error = [&](const HostJob& h, int32_t status) {
     const std::string field = RequestField(h.request);
     if (status & cuda::kRowNonFinite) return NonFiniteLogitsError(field, h.job.logits_row, V);
-    if (status & cuda::kRowOverflow) {
-      return ValueOverflowError(field, h.job.logits_row, "a penalty or the temperature", -1);
-    }
+    if (status & cuda::kRowOverflow) return ValueOverflowError(field, h.job.logits_row);
     return NoTokenLeftError(field, h.job.logits_row);
   };
   for (size_t k = 0; k < num_sample_jobs; ++k) {

@@ -468,6 +468,68 @@ TEST(CudaBackend, DraftPoolLivesOnTheDevice) {
   }
 }
 
+// SPEC 3: a finite value that a penalty or the temperature pushes out of float32 fails its
+// request, on every kernel path (split: top_k <= 64; fused: the rest; general: force top-N and
+// vocabularies too wide for the fused path), with the CPU backend's status and message; the
+// same huge values masked out, or at T >= 1, are sampled normally.
+TEST(CudaBackend, ValuesLeavingFloat32FailTheirRequestOnEveryPath) {
+  auto gpu = Gpu();
+  ASSERT_NE(gpu, nullptr);
+  auto cpu = Cpu();
+  Tally tally;
+  for (int32_t vocab : {1000, 129280, 400000}) {
+    const int rows = 7;
+    HostLogits logits(rows, vocab, 17, 2.0f);
+    logits.Row(0)[5] = 10.0f;    // / repetition 1e-38 -> +inf
+    logits.Row(1)[vocab - 1] = 1e34f;  // / 1e-5 (temperature 0) -> +inf
+    logits.Row(2)[vocab / 2] = 3e38f;  // / 0.5 -> +inf
+    logits.Row(3)[7] = -3e38f;         // / 0.5 -> -inf
+    logits.Row(4)[7] = 3e38f;          // masked out: harmless
+    logits.Row(5)[9] = 3e38f;          // temperature 1: harmless
+    logits.Row(6)[3] = -10.0f;         // * repetition 1e38 -> -inf
+    for (int32_t top_k : {-1, 20}) {
+      for (int32_t force : {0, 64}) {
+        Step step = MakeStep(StepKind::kPrefill, logits, vocab);
+        step.force_top_n = force;
+        std::vector<std::string> masks;
+        masks.reserve(rows);
+        for (int r = 0; r < rows; ++r) {
+          RequestInputs req = PrefillRequest("r" + std::to_string(r), r, 70 + r, 9);
+          req.params.temperature = 0.5f;
+          req.params.top_k = top_k;
+          req.params.top_logprobs = 3;
+          step.requests.push_back(req);
+        }
+        step.requests[0].params.repetition_penalty = 1e-38f;
+        step.requests[0].prompt_token_ids = {5};
+        step.requests[1].params.temperature = 0.0f;
+        std::vector<int32_t> allowed;
+        for (int32_t t = 0; t < vocab; ++t) {
+          if (t != 7) allowed.push_back(t);
+        }
+        masks.push_back(MaskOf(vocab, allowed));
+        step.requests[4].allowed_token_masks = {masks.back()};
+        step.requests[5].params.temperature = 1.0f;
+        step.requests[6].params.repetition_penalty = 1e38f;
+        step.requests[6].output_token_ids = {3};
+        const StepResult on_cpu = RunStep(*cpu, step);
+        const std::string what = "V=" + std::to_string(vocab) + " top_k=" +
+                                 std::to_string(top_k) + " force=" + std::to_string(force);
+        for (int r : {0, 1, 2, 3, 6}) {
+          EXPECT_NE(on_cpu.results[r].status.message().find("out of the float32 range"),
+                    std::string::npos)
+              << what << " request " << r << ": " << on_cpu.results[r].status;
+        }
+        EXPECT_TRUE(on_cpu.results[4].status.ok()) << what << ": " << on_cpu.results[4].status;
+        EXPECT_TRUE(on_cpu.results[5].status.ok()) << what << ": " << on_cpu.results[5].status;
+        Compare(on_cpu, RunStep(*gpu, step), tally, what);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+  EXPECT_EQ(tally.token_mismatches, 0);
+}
+
 TEST(CudaBackend, BitwiseRepeatableAndBatchInvariant) {
   auto gpu = Gpu();
   ASSERT_NE(gpu, nullptr);

@@ -74,12 +74,11 @@ absl::Status NonFiniteLogitsError(const std::string& field, int32_t row, int32_t
                                                  vocab_size, " columns"));
 }
 
-absl::Status ValueOverflowError(const std::string& field, int32_t row, const char* step,
-                                int32_t token) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      field, ": logits row ", row, ": ", step, " pushed a finite value",
-      token >= 0 ? absl::StrCat(" (token ", token, ")") : std::string(),
-      " out of the float32 range"));
+absl::Status ValueOverflowError(const std::string& field, int32_t row) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": logits row ", row,
+                   ": a penalty or the temperature pushed a finite value out of the float32 "
+                   "range"));
 }
 
 absl::Status NoTokenLeftError(const std::string& field, int32_t row) {
@@ -106,8 +105,7 @@ absl::Status RowProcessor::Process(const LogitsView& logits, int32_t row,
   if (!options.prompt_mode) {
     if (options.mask != nullptr) ApplyMask(options.mask);                    // step 2
     if (params.HasPenalties()) {                                             // step 3
-      const int32_t token = ApplyPenalties(options);
-      if (token >= 0) return ValueOverflowError(options.field, row, "the penalties", token);
+      if (!ApplyPenalties(options)) return ValueOverflowError(options.field, row);
     }
     if (options.force_top_n > 0 && options.force_top_n < vocab) {
       ApplyForceTopN(options.force_top_n);                                   // step 4
@@ -115,7 +113,7 @@ absl::Status RowProcessor::Process(const LogitsView& logits, int32_t row,
   }
   if (params.temperature != 1.0f &&                                          // step 5
       DivideInPlace(scores_.data(), vocab, params.temperature)) {
-    return ValueOverflowError(options.field, row, "the temperature", -1);
+    return ValueOverflowError(options.field, row);
   }
 
   max_score_ = RowMax(scores_.data(), vocab);
@@ -160,18 +158,18 @@ void RowProcessor::ApplyMask(const unsigned char* mask) {
   }
 }
 
-int32_t RowProcessor::ApplyPenalties(const RowOptions& options) {
+bool RowProcessor::ApplyPenalties(const RowOptions& options) {
   const NormalizedParams& params = *options.params;
-  int32_t overflowed = -1;
+  bool in_range = true;
   for (const PenaltyTerm& term : PenaltyTerms(options.prompt_tokens, options.output_tokens,
                                               options.extra_output_tokens)) {
     const float x = scores_[term.token];
     const float y = ApplyPenalty(x, term, params.repetition_penalty, params.presence_penalty,
                                  params.frequency_penalty);
-    if (std::isfinite(x) && !std::isfinite(y) && overflowed < 0) overflowed = term.token;
+    in_range &= !(std::isfinite(x) && !std::isfinite(y));
     scores_[term.token] = y;
   }
-  return overflowed;
+  return in_range;
 }
 
 void RowProcessor::ApplyForceTopN(int32_t n) {

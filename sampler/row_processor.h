@@ -49,9 +49,9 @@ struct RowOptions {
 // The row faults of SPEC 3, worded once for every backend. `field` names the request.
 absl::Status NonFiniteLogitsError(const std::string& field, int32_t row, int32_t vocab_size);
 absl::Status NoTokenLeftError(const std::string& field, int32_t row);
-// A finite value became +-inf in `step` (SPEC 3: an error of the request); token -1 = unnamed.
-absl::Status ValueOverflowError(const std::string& field, int32_t row, const char* step,
-                                int32_t token);
+// A penalty or the temperature turned a finite value into +-inf (SPEC 3: an error of the
+// request). Worded the same by every backend.
+absl::Status ValueOverflowError(const std::string& field, int32_t row);
 
 class RowProcessor {
  public:
@@ -106,8 +106,8 @@ class RowProcessor {
 
  private:
   void ApplyMask(const unsigned char* mask);
-  // Returns the first token a penalty pushed out of the float32 range, or -1.
-  int32_t ApplyPenalties(const RowOptions& options);
+  // False when a penalty pushed a finite value out of the float32 range.
+  bool ApplyPenalties(const RowOptions& options);
   void ApplyForceTopN(int32_t n);
   // Top-p then top-k on the order; sets the cut and the sorted kept prefix.
   void ApplyTopPTopK(float top_p, int32_t top_k);

@@ -133,6 +133,53 @@ TEST(RowProcessor, ExactTiesRankByLowerIdFirst) {
   EXPECT_FLOAT_EQ(proc.SumSmallerProbs(1), 0.5f);
 }
 
+// SPEC 3: a finite value that a penalty or the temperature pushes out of float32 (either
+// sign) is an error of the request, never a NaN or -inf answer; -inf from the mask, or huge
+// values that stay in range, are not.
+TEST(RowProcessor, ValueLeavingFloat32IsAnError) {
+  struct Case {
+    const char* what;
+    float value;         // token 1's logit
+    float temperature;
+    float repetition;    // applied to token 1 (a prompt token)
+    bool masked;         // token 1 masked out
+    bool error;
+  };
+  const Case cases[] = {
+      {"repetition 1e-38 on a positive logit", 10.0f, 1.0f, 1e-38f, false, true},
+      {"repetition 1e38 on a negative logit", -10.0f, 1.0f, 1e38f, false, true},
+      {"1e34 at temperature 1e-5", 1e34f, kSamplingEps, 1.0f, false, true},
+      {"3e38 at temperature 0.5", 3e38f, 0.5f, 1.0f, false, true},
+      {"-3e38 at temperature 0.5", -3e38f, 0.5f, 1.0f, false, true},
+      {"1.7e38 at temperature 0.5 stays finite", 1.7e38f, 0.5f, 1.0f, false, false},
+      {"3e38 masked out", 3e38f, 0.5f, 1.0f, true, false},
+      {"3e38 at temperature 1", 3e38f, 1.0f, 1.0f, false, false},
+  };
+  for (const Case& c : cases) {
+    HostLogits logits(1, 4);
+    const float row[4] = {0.5f, c.value, -1.0f, 2.0f};
+    std::copy(row, row + 4, logits.values.begin());
+    NormalizedParams params = Params(c.temperature);
+    params.repetition_penalty = c.repetition;
+    const std::vector<int32_t> prompt = {1};
+    const std::string mask = MaskOf(4, {0, 2, 3});
+    RowOptions options;
+    options.params = &params;
+    options.vocab_size = 4;
+    options.prompt_tokens = prompt;
+    options.field = "requests[0]";
+    if (c.masked) options.mask = reinterpret_cast<const unsigned char*>(mask.data());
+    RowProcessor proc;
+    const absl::Status status = proc.Process(logits.View(), 0, options);
+    if (c.error) {
+      EXPECT_EQ(status, ValueOverflowError("requests[0]", 0)) << c.what;
+    } else {
+      ASSERT_TRUE(status.ok()) << c.what << ": " << status;
+      for (int t = 0; t < 4; ++t) EXPECT_FALSE(std::isnan(proc.Logprob(t))) << c.what;
+    }
+  }
+}
+
 TEST(RowProcessor, RepetitionThenPresenceAndFrequency) {
   HostLogits logits(1, 4);
   const float row[4] = {2.0f, -2.0f, 1.0f, 0.5f};

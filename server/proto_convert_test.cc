@@ -130,5 +130,63 @@ TEST(ProtoConvert, MalformedTensorsNameTheField) {
   EXPECT_TRUE((*both)->request_faults[1].ok());
 }
 
+// Every tensor's extent goes through one overflow-checked computation: a row_stride whose
+// extent wraps around 2^64 to a few bytes is refused wherever a tensor appears.
+TEST(ProtoConvert, WrappingExtentsAreRefusedEverywhere) {
+  auto wrap = [](v1::Tensor* t) {
+    t->Clear();
+    t->set_dtype(v1::FLOAT32);
+    t->set_rows(2);
+    t->set_cols(1);
+    t->set_row_stride(int64_t{1} << 62);  // ((2 - 1) * 2^62 + 1) * 4 = 2^64 + 4
+    t->set_data(std::string(4, '\0'));
+  };
+  v1::SampleRequest r = Step(2, 4, Logits(8));
+  wrap(r.mutable_logits());
+  auto c = StepFromProto(r, nullptr);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("logits.row_stride"));
+
+  r = Step(2, 4, Logits(8));
+  r.mutable_logits()->clear_values();
+  wrap(r.mutable_logits()->add_shards());
+  c = StepFromProto(r, nullptr);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("logits.shards[0].row_stride"));
+
+  r = Step(2, 4, Logits(8));
+  wrap(r.mutable_inputs()->mutable_requests(0)->mutable_draft_logprobs());
+  wrap(r.mutable_inputs()->mutable_requests(1)->mutable_draft_topn()->mutable_values());
+  c = StepFromProto(r, nullptr);
+  ASSERT_TRUE(c.ok());
+  EXPECT_THAT(std::string((*c)->request_faults[0].message()),
+              HasSubstr("requests[0].draft_logprobs.row_stride"));
+  EXPECT_THAT(std::string((*c)->request_faults[1].message()),
+              HasSubstr("requests[1].draft_topn.values.row_stride"));
+}
+
+// Concatenated shards are reserved from the budget before they are allocated.
+TEST(ProtoConvert, ShardsAreReservedFromTheBudget) {
+  v1::SampleRequest r = Step(2, 8, {});
+  r.mutable_logits()->clear_values();
+  for (int s = 0; s < 2; ++s) {
+    v1::Tensor* shard = r.mutable_logits()->add_shards();
+    shard->set_rows(2);
+    shard->set_cols(4);
+    for (float v : Logits(8)) shard->mutable_values()->add_values(v);
+  }
+  MemoryBudget small(2 * 8 * 4 - 1);
+  auto refused = StepFromProto(r, nullptr, &small);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("logits.shards"));
+  EXPECT_EQ(small.used(), 0);
+  MemoryBudget enough(2 * 8 * 4);
+  {
+    auto converted = StepFromProto(r, nullptr, &enough);
+    ASSERT_TRUE(converted.ok());
+    EXPECT_EQ(enough.used(), 2 * 8 * 4);  // held while the step lives
+  }
+  EXPECT_EQ(enough.used(), 0);
+}
+
 }  // namespace
 }  // namespace samplerd

@@ -17,6 +17,7 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "tests/in_process.h"
 #include "tests/server_process.h"
+#include "tests/test_steps.h"
 
 namespace samplerd {
 namespace {
@@ -25,30 +26,6 @@ using ::testing::HasSubstr;
 
 std::string g_samplerd;
 std::string g_fake_worker;
-
-// A PREFILL step of `n` requests over fixed seeded logits, inline.
-v1::SampleRequest SmallStep(uint64_t step_id, int n = 3, int vocab = 64, uint64_t seed = 1) {
-  v1::SampleRequest request;
-  request.set_step_id(step_id);
-  v1::Tensor* t = request.mutable_logits();
-  t->set_rows(n);
-  t->set_cols(vocab);
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 2.0f);
-  for (int i = 0; i < n * vocab; ++i) t->mutable_values()->add_values(normal(rng));
-  v1::SamplerInputs* in = request.mutable_inputs();
-  in->set_kind(v1::PREFILL);
-  in->set_vocab_size(vocab);
-  for (int i = 0; i < n; ++i) {
-    v1::RequestInputs* r = in->add_requests();
-    r->set_request_id("r" + std::to_string(i));
-    r->set_row(i);
-    r->set_sample_position(static_cast<int64_t>(step_id));
-    r->mutable_params()->set_seq_seed(seed * 100 + i);
-    r->mutable_params()->set_top_logprobs(2);
-  }
-  return request;
-}
 
 class ServerE2E : public ::testing::Test {
  protected:

@@ -77,6 +77,20 @@ class ServerProcess {
   void Signal(int signal) { kill(pid_, signal); }
 
   std::string target() const { return absl::StrCat("127.0.0.1:", port_); }
+  pid_t pid() const { return pid_; }
+  // The server's resident set and its peak so far (VmRSS, VmHWM of /proc/PID/status), in KiB.
+  int64_t RssKib(const char* field = "VmRSS:") const {
+    std::ifstream in(absl::StrCat("/proc/", pid_, "/status"));
+    std::string key;
+    int64_t value = -1;
+    while (in >> key) {
+      if (key == field) {
+        in >> value;
+        break;
+      }
+    }
+    return value;
+  }
   int metrics_port() const { return metrics_port_; }
   const std::string& dir() const { return dir_; }
 
