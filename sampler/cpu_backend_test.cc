@@ -43,7 +43,7 @@ void ExpectSameResult(const RequestResult& a, const RequestResult& b) {
   EXPECT_EQ(a.seq_seed, b.seq_seed);
   auto bits = [](const std::vector<float>& v) {
     std::vector<uint32_t> out(v.size());
-    std::memcpy(out.data(), v.data(), v.size() * sizeof(float));
+    if (!v.empty()) std::memcpy(out.data(), v.data(), v.size() * sizeof(float));
     return out;
   };
   EXPECT_EQ(bits(a.logprobs), bits(b.logprobs));

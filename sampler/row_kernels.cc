@@ -9,7 +9,11 @@ namespace samplerd {
 namespace {
 
 // Function multi-versioning: one AVX2+FMA clone and the x86-64 baseline, picked at load time.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Not under ThreadSanitizer: the clones' ifunc resolvers run during relocation, before TSan's
+// runtime exists, and its instrumentation of them crashes the process at start-up. (The two
+// clones give the same bits, so the sanitizer build loses no coverage of results.)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
 #define SAMPLERD_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define SAMPLERD_VECTOR_CLONES

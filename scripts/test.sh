@@ -1,44 +1,82 @@
 #!/usr/bin/env bash
 # Runs every samplerd test that needs no GPU (tests tagged `gpu` run on the GPU machine).
-# Installs what it needs first. Ends with "N passed, N failed" (test cases, from the test
-# XML of each target; a target that fails to build or run counts as one failure) and exits
-# with Bazel's status.
+# Installs what it needs first. Three stages:
+#   1. bazel build //... (the gpu-tagged targets too, where the CUDA toolkit exists), then
+#      bazel test //... --test_tag_filters=-gpu;
+#   2. the same tests again under AddressSanitizer + UndefinedBehaviorSanitizer
+#      (--config=asan; skip with SAMPLERD_SKIP_ASAN=1);
+#   3. a short libFuzzer run of each fuzz target (scripts/fuzz.sh all 30; skip with
+#      SAMPLERD_SKIP_FUZZ=1).
+# Ends with "N passed, N failed" (test cases, from the test XML of each target; a target that
+# fails to build or run counts as one failure; each fuzz target counts as one) and exits
+# non-zero when anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh || exit 1
-log=$(mktemp)
+passed=0
+failed=0
+
+# Adds one `bazel test` run's test cases to the totals. $1: the run's log; $2: its testlogs.
+count_results() {
+  local log=$1 testlogs=$2 target status xml tests fails errors bad
+  while read -r target status; do
+    xml="$testlogs/${target#//}"
+    xml="${xml/://}/test.xml"
+    if [[ $status == PASSED || $status == FAILED ]] && [[ -f $xml ]]; then
+      tests=$(grep -o '<testsuites [^>]*' "$xml" | grep -o ' tests="[0-9]*"' | grep -o '[0-9]*' | head -1)
+      fails=$(grep -o '<testsuites [^>]*' "$xml" | grep -o ' failures="[0-9]*"' | grep -o '[0-9]*' | head -1)
+      errors=$(grep -o '<testsuites [^>]*' "$xml" | grep -o ' errors="[0-9]*"' | grep -o '[0-9]*' | head -1)
+      tests=${tests:-0}; fails=${fails:-0}; errors=${errors:-0}
+      bad=$((fails + errors))
+      if [[ $status == FAILED && $bad -eq 0 ]]; then bad=1; fi
+      passed=$((passed + tests - fails - errors))
+      failed=$((failed + bad))
+    else
+      failed=$((failed + 1))
+    fi
+  done < <(grep -E '^//[^ ]+ +(\(cached\) )?(PASSED|FAILED|FAILED TO BUILD|NO STATUS|TIMEOUT)' "$log" |
+           sed -E 's/\(cached\) //' | awk '{print $1, $2}')
+}
+
+# Runs `bazel test` with the given flags over the non-gpu tests and counts them; returns its rc.
+run_suite() {
+  local log rc
+  log=$(mktemp)
+  bazel test //... --test_tag_filters=-gpu --build_tests_only "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  count_results "$log" "$(bazel info "$@" bazel-testlogs 2>/dev/null)"
+  if [[ $rc -ne 0 ]] && ! grep -qE '^//[^ ]+ +(\(cached\) )?(FAILED|FAILED TO BUILD|NO STATUS|TIMEOUT)' "$log"; then
+    failed=$((failed + 1))  # failed before any test ran
+  fi
+  rm -f "$log"
+  return "$rc"
+}
+
+rc=0
 # Everything builds first, the gpu-tagged tests and benchmarks included (where the CUDA toolkit
 # is present): CI compiles them; they run on the GPU machine (scripts/gpu_check.sh).
 bazel build //... 2>&1 | tail -3
-build_rc=${PIPESTATUS[0]}
-bazel test //... --test_tag_filters=-gpu --build_tests_only "$@" 2>&1 | tee "$log"
-rc=${PIPESTATUS[0]}
-if [[ $build_rc -ne 0 && $rc -eq 0 ]]; then rc=$build_rc; echo "bazel build //... failed"; fi
-passed=0
-failed=0
-testlogs=$(bazel info bazel-testlogs 2>/dev/null)
-while read -r target status; do
-  xml="$testlogs/${target#//}"
-  xml="${xml/://}/test.xml"
-  if [[ $status == PASSED || $status == FAILED ]] && [[ -f $xml ]]; then
-    tests=$(grep -o '<testsuites [^>]*' "$xml" | grep -o ' tests="[0-9]*"' | grep -o '[0-9]*' | head -1)
-    fails=$(grep -o '<testsuites [^>]*' "$xml" | grep -o ' failures="[0-9]*"' | grep -o '[0-9]*' | head -1)
-    errors=$(grep -o '<testsuites [^>]*' "$xml" | grep -o ' errors="[0-9]*"' | grep -o '[0-9]*' | head -1)
-    tests=${tests:-0}; fails=${fails:-0}; errors=${errors:-0}
-    bad=$((fails + errors))
-    if [[ $status == FAILED && $bad -eq 0 ]]; then bad=1; fi
-    passed=$((passed + tests - fails - errors))
-    failed=$((failed + bad))
-  else
-    failed=$((failed + 1))
-  fi
-done < <(grep -E '^//[^ ]+ +(\(cached\) )?(PASSED|FAILED|FAILED TO BUILD|NO STATUS|TIMEOUT)' "$log" |
-         sed -E 's/\(cached\) //' | awk '{print $1, $2}')
-rm -f "$log"
+if [[ ${PIPESTATUS[0]} -ne 0 ]]; then echo "bazel build //... failed"; rc=1; failed=$((failed + 1)); fi
+run_suite || rc=1
+if [[ ${SAMPLERD_SKIP_ASAN:-} != 1 ]]; then
+  echo "=== the same tests under AddressSanitizer + UndefinedBehaviorSanitizer (--config=asan)"
+  run_suite --config=asan || rc=1
+fi
+if [[ ${SAMPLERD_SKIP_FUZZ:-} != 1 ]]; then
+  echo "=== a short fuzz run of each target (scripts/fuzz.sh all 30)"
+  fuzz_log=$(mktemp)
+  bash scripts/fuzz.sh all 30 2>&1 | tee "$fuzz_log"
+  [[ ${PIPESTATUS[0]} -ne 0 ]] && rc=1
+  ok=$(grep -cE '^fuzz [a-z_]+: [0-9]+ executions' "$fuzz_log" || true)
+  bad=$(grep -cE '^fuzz [a-z_]+: FAILED' "$fuzz_log" || true)
+  passed=$((passed + ok - bad))
+  failed=$((failed + bad))
+  if [[ $rc -ne 0 && $ok -eq 0 && $bad -eq 0 ]]; then failed=$((failed + 1)); fi
+  rm -f "$fuzz_log"
+fi
 # In CI, stop the Bazel server: a daemon left running would hold the build root's mounts
 # (a chroot rehearsal cannot unmount them) and the machine's memory.
 if [[ ${CI:-} == true ]]; then bazel shutdown >/dev/null 2>&1 || true; fi
 if [[ $rc -ne 0 && $failed -eq 0 ]]; then failed=1; fi
-if [[ $build_rc -ne 0 ]]; then failed=$((failed + 1)); fi
 echo "$passed passed, $failed failed"
 exit "$rc"

@@ -255,7 +255,8 @@ int Serve() {
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(absl::GetFlag(FLAGS_shutdown_deadline_ms)));
   server->Wait();
-  spdlog::info("samplerd stopped");
+  spdlog::info("samplerd stopped: {} steps read, {} answered", service.steps_read(),
+               service.steps_answered());
   return 0;
 }
 

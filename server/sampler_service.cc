@@ -117,7 +117,10 @@ std::string SamplerService::PoolScope(const grpc::ServerContext& context) {
 
 grpc::Status SamplerService::Sample(grpc::ServerContext* context, const v1::SampleRequest* request,
                                     v1::SampleResponse* response) {
-  return ToGrpcStatus(RunStep(*request, PoolScope(*context), response));
+  steps_read_.fetch_add(1);
+  const grpc::Status status = ToGrpcStatus(RunStep(*request, PoolScope(*context), response));
+  steps_answered_.fetch_add(1);
+  return status;
 }
 
 grpc::Status SamplerService::SampleStream(
@@ -126,6 +129,7 @@ grpc::Status SamplerService::SampleStream(
   const std::string pool_scope = PoolScope(*context);
   v1::SampleRequest request;
   while (stream->Read(&request)) {
+    steps_read_.fetch_add(1);
     v1::SampleResponse response;
     const absl::Status status = RunStep(request, pool_scope, &response);
     if (!status.ok()) {
@@ -135,7 +139,9 @@ grpc::Status SamplerService::SampleStream(
       response.mutable_error()->set_code(static_cast<int32_t>(status.code()));
       response.mutable_error()->set_message(std::string(status.message()));
     }
-    if (!stream->Write(response)) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
+    const bool written = stream->Write(response);
+    steps_answered_.fetch_add(1);  // handed to gRPC, whether or not the client still listens
+    if (!written) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
     if (draining_.load()) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                           "samplerd is shutting down; every step read was answered");

@@ -64,6 +64,11 @@ class SamplerService final : public v1::Sampler::Service {
   // From now on steps are refused with UNAVAILABLE; steps already admitted are answered.
   void StartDraining() { draining_.store(true); }
 
+  // Steps read from clients, and steps whose response was handed back to gRPC (answered,
+  // with results or an error): equal once the server has drained.
+  int64_t steps_read() const { return steps_read_.load(); }
+  int64_t steps_answered() const { return steps_answered_.load(); }
+
  private:
   // One step, start to finish. Step-level faults are the returned status.
   absl::Status RunStep(const v1::SampleRequest& request, const std::string& pool_scope,
@@ -77,6 +82,8 @@ class SamplerService final : public v1::Sampler::Service {
   const SeedSource seed_source_;
 
   std::atomic<bool> draining_{false};
+  std::atomic<int64_t> steps_read_{0};
+  std::atomic<int64_t> steps_answered_{0};
   std::atomic<int> admitted_{0};
   // Steps reach the backend one at a time, so the wait for it is measurable (queue_us).
   absl::Mutex backend_mu_;

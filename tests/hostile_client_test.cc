@@ -82,7 +82,7 @@ void SetWrappingTensor(v1::Tensor* t) {
 }
 
 TEST_F(Hostile, WrappingRowStrideInlineIsRefused) {
-  StartServer();
+  ASSERT_NO_FATAL_FAILURE(StartServer());
   v1::SampleRequest request;
   SetWrappingTensor(request.mutable_logits());
   request.mutable_inputs()->set_kind(v1::PREFILL);
@@ -96,7 +96,7 @@ TEST_F(Hostile, WrappingRowStrideInlineIsRefused) {
 }
 
 TEST_F(Hostile, WrappingRowStrideInShardsAndShmSliceIsRefused) {
-  StartServer();
+  ASSERT_NO_FATAL_FAILURE(StartServer());
   v1::SampleRequest sharded = SmallStep(1, 1, 64);
   v1::Tensor logits = sharded.logits();
   sharded.mutable_logits()->Clear();
@@ -126,7 +126,7 @@ TEST_F(Hostile, WrappingRowStrideInShardsAndShmSliceIsRefused) {
 
 // Draft tensors are a request's own: their fault fails that request, the others are answered.
 TEST_F(Hostile, WrappingRowStrideInDraftTensorsFailsOnlyItsRequest) {
-  StartServer();
+  ASSERT_NO_FATAL_FAILURE(StartServer());
   v1::SampleRequest step = SmallStep(3, 6, 64);
   v1::SamplerInputs* in = step.mutable_inputs();
   in->set_kind(v1::DECODE);
@@ -167,7 +167,7 @@ TEST_F(Hostile, WrappingRowStrideInDraftTensorsFailsOnlyItsRequest) {
 // A worker shrinks its registered object: the step that reads the lost bytes fails, the
 // server does not (it used to die of SIGBUS).
 TEST_F(Hostile, ShmObjectShrunkAfterRegistrationFailsOnlyTheStep) {
-  StartServer();
+  ASSERT_NO_FATAL_FAILURE(StartServer());
   const std::string name = ShmName("shrink");
   auto shm = ShmBuffer::Create(name, 64 * 4 * 4);
   ASSERT_TRUE(shm.ok());
@@ -194,7 +194,7 @@ TEST_F(Hostile, ShmObjectShrunkAfterRegistrationFailsOnlyTheStep) {
 
 // A FIFO never blocks RegisterBuffer (it used to pin a thread forever); links are not followed.
 TEST_F(Hostile, FifoAndSymlinkAreRefusedAtOnce) {
-  StartServer();
+  ASSERT_NO_FATAL_FAILURE(StartServer());
   const std::string fifo = ShmName("fifo");
   ASSERT_EQ(mkfifo(("/dev/shm" + fifo).c_str(), 0600), 0);
   v1::RegisterBufferRequest request;
@@ -225,7 +225,7 @@ TEST_F(Hostile, FifoAndSymlinkAreRefusedAtOnce) {
 // Another user's object is refused unless the server was told to accept that uid.
 TEST_F(Hostile, ShmObjectOfAnotherUserIsRefused) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to give an shm object to another uid";
-  StartServer();
+  ASSERT_NO_FATAL_FAILURE(StartServer());
   const std::string name = ShmName("foreign");
   auto shm = ShmBuffer::Create(name, 4096);
   ASSERT_TRUE(shm.ok());
@@ -242,14 +242,14 @@ TEST_F(Hostile, ShmObjectOfAnotherUserIsRefused) {
   EXPECT_EQ(server_->Stop(SIGTERM), 0);
 
   // The same object, with its owner allowed.
-  StartServer({"--shm_allowed_uids=65534"});
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--shm_allowed_uids=65534"}));
   EXPECT_TRUE(client_->RegisterShm("foreign", **shm).ok());
 }
 
 // A finite value that a penalty or the temperature pushes out of float32 fails its request
 // (it came back OK with token -1, -inf or NaN); the same value masked out is harmless.
 TEST_F(Hostile, ValuesLeavingFloat32FailTheirRequestOnly) {
-  StartServer();
+  ASSERT_NO_FATAL_FAILURE(StartServer());
   constexpr int kVocab = 8;
   v1::SampleRequest step;
   v1::Tensor* t = step.mutable_logits();
@@ -328,7 +328,8 @@ TEST_F(Hostile, ValuesLeavingFloat32FailTheirRequestOnly) {
 // Many shards over one registered region: refused once the request memory budget is spent,
 // before the server allocates the rest (it allocated 1 GiB before refusing).
 TEST_F(Hostile, ShardsCannotExhaustServerMemory) {
-  StartServer({"--max_request_memory_bytes=" + std::to_string(32 << 20)});
+  ASSERT_NO_FATAL_FAILURE(
+      StartServer({"--max_request_memory_bytes=" + std::to_string(32 << 20)}));
   constexpr int kCols = 1 << 18;  // 1 MiB of float32 a shard
   auto shm = ShmBuffer::Create(ShmName("shards"), kCols * 4);
   ASSERT_TRUE(shm.ok());
@@ -358,7 +359,7 @@ TEST_F(Hostile, ShardsCannotExhaustServerMemory) {
 // The pool is accounted in bytes with its bookkeeping: 1-value rows cannot overrun it.
 TEST_F(Hostile, DraftPoolBytesBoundTinyRows) {
   constexpr int kPoolBytes = 64 << 10;
-  StartServer({"--draft_pool_bytes=" + std::to_string(kPoolBytes)});
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--draft_pool_bytes=" + std::to_string(kPoolBytes)}));
   int stored = 0, refused = 0;
   for (int i = 0; i < 1000; ++i) {
     v1::SampleRequest draft;
@@ -416,7 +417,7 @@ v1::SampleRequest DecodeStep(const std::string& id, const v1::RequestResult& dra
 
 // Client B's DECODE with client A's request id neither sees nor consumes A's drafts (it did).
 TEST_F(Hostile, DraftPoolEntriesAreScopedByClient) {
-  StartServer();
+  ASSERT_NO_FATAL_FAILURE(StartServer());
   auto a = Connect();
   auto b = Connect();
   auto drafted = a->Sample(DraftStep("x"));
@@ -431,15 +432,19 @@ TEST_F(Hostile, DraftPoolEntriesAreScopedByClient) {
 
   // Release is scoped the same way.
   ASSERT_TRUE(a->Sample(DraftStep("y")).ok());
-  EXPECT_EQ(*b->Release({"y"}), 0);
-  EXPECT_EQ(*a->Release({"y"}), 2);
+  auto released_by_b = b->Release({"y"});
+  ASSERT_TRUE(released_by_b.ok()) << released_by_b.status();
+  EXPECT_EQ(*released_by_b, 0);
+  auto released_by_a = a->Release({"y"});
+  ASSERT_TRUE(released_by_a.ok()) << released_by_a.status();
+  EXPECT_EQ(*released_by_a, 2);
   EXPECT_EQ(*a->Release({"y"}), 0);
   ExpectAlive();
 }
 
 // Drafts whose DECODE never comes expire (a crashed worker filled the pool for good).
 TEST_F(Hostile, DraftPoolEntriesExpire) {
-  StartServer({"--draft_pool_ttl_ms=300"});
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--draft_pool_ttl_ms=300"}));
   auto drafted = client_->Sample(DraftStep("late"));
   ASSERT_TRUE(drafted.ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(700));
@@ -454,7 +459,7 @@ TEST_F(Hostile, DraftPoolEntriesExpire) {
 // on; a message over --max_message_bytes ends only that stream (gRPC will not receive it),
 // with RESOURCE_EXHAUSTED, and other streams go on.
 TEST_F(Hostile, StreamsSurviveBadStepsAndOversizedMessagesEndOnlyTheirStream) {
-  StartServer({"--max_message_bytes=1048576"});
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--max_message_bytes=1048576"}));
   auto other = client_->OpenStream();
   ASSERT_TRUE(other.ok());
   ASSERT_TRUE((*other)->Step(SmallStep(1)).ok());

@@ -47,12 +47,12 @@ class ServerE2E : public ::testing::Test {
 };
 
 TEST_F(ServerE2E, FakeModelWorkerAgreesBitwiseWithInProcessBackend) {
-  StartServer();
+  ASSERT_NO_FATAL_FAILURE(StartServer());
   EXPECT_EQ(RunProcess({g_fake_worker, "--target=" + server_->target()}), 0);
 }
 
 TEST_F(ServerE2E, HealthAndServerInfo) {
-  StartServer();
+  ASSERT_NO_FATAL_FAILURE(StartServer());
   auto serving = client_->IsServing();
   ASSERT_TRUE(serving.ok()) << serving.status();
   EXPECT_TRUE(*serving);
@@ -66,7 +66,7 @@ TEST_F(ServerE2E, HealthAndServerInfo) {
 }
 
 TEST_F(ServerE2E, DrainingReportsNotServingThenExitsZero) {
-  StartServer({"--shutdown_grace_ms=1500"});
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--shutdown_grace_ms=1500"}));
   server_->Signal(SIGTERM);
   bool saw_not_serving = false;
   for (int i = 0; i < 100 && !saw_not_serving; ++i) {
@@ -80,7 +80,7 @@ TEST_F(ServerE2E, DrainingReportsNotServingThenExitsZero) {
 }
 
 TEST_F(ServerE2E, SigtermDuringAStreamAnswersEveryAcceptedStep) {
-  StartServer();
+  ASSERT_NO_FATAL_FAILURE(StartServer());
   auto stream = client_->OpenStream();
   ASSERT_TRUE(stream.ok());
   std::atomic<int> answered{0};
@@ -121,7 +121,7 @@ TEST_F(ServerE2E, SigtermDuringAStreamAnswersEveryAcceptedStep) {
 }
 
 TEST_F(ServerE2E, StepFaultsMapToCodesNamingTheField) {
-  StartServer();
+  ASSERT_NO_FATAL_FAILURE(StartServer());
   {
     v1::SampleRequest bad = SmallStep(1);
     bad.mutable_logits()->set_rows(0);
@@ -190,7 +190,7 @@ TEST_F(ServerE2E, StepFaultsMapToCodesNamingTheField) {
 }
 
 TEST_F(ServerE2E, OversizeMessageIsResourceExhausted) {
-  StartServer({"--max_message_bytes=1048576"});
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--max_message_bytes=1048576"}));
   v1::SampleRequest big = SmallStep(1, 1, 64);
   big.mutable_logits()->set_cols(300000);
   big.mutable_logits()->mutable_values()->mutable_values()->Resize(300000, 0.5f);
@@ -199,7 +199,7 @@ TEST_F(ServerE2E, OversizeMessageIsResourceExhausted) {
 }
 
 TEST_F(ServerE2E, PerRequestFaultsLeaveOtherResultsIntact) {
-  StartServer();
+  ASSERT_NO_FATAL_FAILURE(StartServer());
   v1::SampleRequest step = SmallStep(7, 4);
   step.mutable_inputs()->mutable_requests(1)->mutable_params()->set_top_p(0.0f);
   step.mutable_inputs()->mutable_requests(2)->add_output_token_ids(64);
@@ -223,7 +223,7 @@ TEST_F(ServerE2E, PerRequestFaultsLeaveOtherResultsIntact) {
 }
 
 TEST_F(ServerE2E, StreamAnswersAFailedStepAndGoesOn) {
-  StartServer();
+  ASSERT_NO_FATAL_FAILURE(StartServer());
   auto stream = client_->OpenStream();
   ASSERT_TRUE(stream.ok());
   v1::SampleRequest bad = SmallStep(1);
@@ -241,7 +241,7 @@ TEST_F(ServerE2E, StreamAnswersAFailedStepAndGoesOn) {
 }
 
 TEST_F(ServerE2E, BufferLifecycle) {
-  StartServer();
+  ASSERT_NO_FATAL_FAILURE(StartServer());
   auto shm = ShmBuffer::Create("/samplerd-e2e-life-" + std::to_string(getpid()), 4096);
   ASSERT_TRUE(shm.ok());
   ASSERT_TRUE(client_->RegisterShm("logits", **shm).ok());
@@ -273,7 +273,7 @@ TEST_F(ServerE2E, BufferLifecycle) {
 }
 
 TEST_F(ServerE2E, ManyConcurrentClientsGetExactAnswers) {
-  StartServer({"--max_queued_steps=256"});
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--max_queued_steps=256"}));
   constexpr int kClients = 8, kSteps = 25;
   std::vector<std::thread> threads;
   std::atomic<int> mismatches{0}, failures{0};
@@ -304,7 +304,7 @@ TEST_F(ServerE2E, ManyConcurrentClientsGetExactAnswers) {
 }
 
 TEST_F(ServerE2E, BusyServerAnswersResourceExhaustedAtOnce) {
-  StartServer({"--max_queued_steps=1", "--threads=1"});
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--max_queued_steps=1", "--threads=1"}));
   // Two streams of slow steps: with one admission slot, some steps must be refused.
   std::atomic<int> refused{0}, answered{0};
   std::vector<std::thread> threads;
@@ -349,7 +349,7 @@ std::string HttpGet(int port, const std::string& path) {
 }
 
 TEST_F(ServerE2E, PrometheusMetricsCountSteps) {
-  StartServer({"--metrics_address=127.0.0.1:0"});
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--metrics_address=127.0.0.1:0"}));
   ASSERT_GT(server_->metrics_port(), 0);
   ASSERT_TRUE(client_->Sample(SmallStep(1)).ok());
   v1::SampleRequest bad = SmallStep(2);
@@ -367,7 +367,7 @@ TEST_F(ServerE2E, PrometheusMetricsCountSteps) {
 TEST_F(ServerE2E, ListensOnAUnixSocket) {
   char dir_template[] = "/tmp/samplerd-sock-XXXXXX";
   const std::string socket = std::string(mkdtemp(dir_template)) + "/samplerd.sock";
-  StartServer({"--unix_socket=" + socket});
+  ASSERT_NO_FATAL_FAILURE(StartServer({"--unix_socket=" + socket}));
   auto client = SamplerClient::Connect("unix:" + socket);
   ASSERT_TRUE(client.ok());
   auto response = (*client)->Sample(SmallStep(5));

@@ -8,6 +8,7 @@
 #ifndef SAMPLERD_TESTS_SERVER_PROCESS_H_
 #define SAMPLERD_TESTS_SERVER_PROCESS_H_
 
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -42,6 +43,13 @@ class ServerProcess {
     args.insert(args.end(), flags_.begin(), flags_.end());
     pid_ = fork();
     if (pid_ == 0) {
+      if (!log_file_.empty()) {
+        const int fd = open(log_file_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+          dup2(fd, 1);
+          dup2(fd, 2);
+        }
+      }
       std::vector<char*> argv;
       for (std::string& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -68,14 +76,24 @@ class ServerProcess {
     kill(pid_, signal);
     return Wait();
   }
+  // Waits at most 30 s (a server that hangs on shutdown is a failure, not a hung test), then
+  // kills it: the result is then 128 + SIGKILL.
   int Wait() {
     int status = 0;
-    waitpid(pid_, &status, 0);
+    for (int i = 0; i < 3000 && waitpid(pid_, &status, WNOHANG) == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (i == 2999) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, &status, 0);
+      }
+    }
     pid_ = -1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
   void Signal(int signal) { kill(pid_, signal); }
 
+  // Before Start: the server's stdout and stderr go to `path` instead of ours.
+  void set_log_file(std::string path) { log_file_ = std::move(path); }
   std::string target() const { return absl::StrCat("127.0.0.1:", port_); }
   pid_t pid() const { return pid_; }
   // The server's resident set and its peak so far (VmRSS, VmHWM of /proc/PID/status), in KiB.
@@ -98,6 +116,7 @@ class ServerProcess {
   const std::string binary_;
   const std::vector<std::string> flags_;
   std::string dir_;
+  std::string log_file_;
   pid_t pid_ = -1;
   int port_ = 0;
   int metrics_port_ = 0;

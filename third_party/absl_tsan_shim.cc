@@ -1,0 +1,77 @@
+// ThreadSanitizer build only (--config=tsan): makes Debian's uninstrumented absl::Mutex visible
+// to TSan. Debian ships Abseil compiled without -fsanitize=thread, so TSan cannot see the
+// happens-before edges of absl::Mutex and reports every access it guards as a race. These
+// definitions interpose the exported Mutex and Condition functions (our code and the library
+// itself call them through the PLT), call the real ones (dlsym RTLD_NEXT) and tell TSan what
+// they mean: Lock acquires the mutex, Unlock releases it, Await releases it while it waits and
+// acquires it again, and a Condition is evaluated under the mutex whose Unlock or Await
+// evaluates it (the waiter's condition may run in the unlocking thread). In any other build
+// this file is empty.
+#if defined(__SANITIZE_THREAD__)
+#include <dlfcn.h>
+#include <sanitizer/tsan_interface.h>
+
+#include <cstdlib>
+
+#include "absl/synchronization/mutex.h"
+
+namespace absl {
+ABSL_NAMESPACE_BEGIN
+namespace {
+
+// The mutex whose Unlock or Await this thread is inside: the one a Condition runs under.
+thread_local const void* current_mutex = nullptr;
+
+template <typename Fn>
+Fn Real(const char* mangled) {
+  void* fn = dlsym(RTLD_NEXT, mangled);
+  if (fn == nullptr) abort();  // a different Abseil: the shim must not silently do nothing
+  return reinterpret_cast<Fn>(fn);
+}
+
+}  // namespace
+
+void Mutex::Lock() {
+  static auto real = Real<void (*)(Mutex*)>("_ZN4absl7debian35Mutex4LockEv");
+  real(this);
+  __tsan_acquire(this);
+}
+
+bool Mutex::TryLock() {
+  static auto real = Real<bool (*)(Mutex*)>("_ZN4absl7debian35Mutex7TryLockEv");
+  const bool locked = real(this);
+  if (locked) __tsan_acquire(this);
+  return locked;
+}
+
+void Mutex::Unlock() {
+  static auto real = Real<void (*)(Mutex*)>("_ZN4absl7debian35Mutex6UnlockEv");
+  __tsan_release(this);
+  const void* outer = current_mutex;
+  current_mutex = this;
+  real(this);
+  current_mutex = outer;
+}
+
+void Mutex::Await(const Condition& cond) {
+  static auto real =
+      Real<void (*)(Mutex*, const Condition&)>("_ZN4absl7debian35Mutex5AwaitERKNS0_9ConditionE");
+  __tsan_release(this);
+  const void* outer = current_mutex;
+  current_mutex = this;
+  real(this, cond);
+  current_mutex = outer;
+  __tsan_acquire(this);
+}
+
+bool Condition::Eval() const {
+  static auto real = Real<bool (*)(const Condition*)>("_ZNK4absl7debian39Condition4EvalEv");
+  if (current_mutex != nullptr) __tsan_acquire(const_cast<void*>(current_mutex));
+  const bool result = real(this);
+  if (current_mutex != nullptr) __tsan_release(const_cast<void*>(current_mutex));
+  return result;
+}
+
+ABSL_NAMESPACE_END
+}  // namespace absl
+#endif  // __SANITIZE_THREAD__
