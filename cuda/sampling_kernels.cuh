@@ -79,6 +79,9 @@ __device__ T BlockReduce(T value, Op op, T* scratch /* [32] */) {
       const T other = __shfl_down_sync(0xFFFFFFFFu, acc, offset);
       if (lane + offset < warps) acc = op(acc, other);
     }
+    // Every lane read scratch[] above; the shuffles order that in practice, but only a warp
+    // barrier orders shared memory (compute-sanitizer racecheck flagged the write below).
+    __syncwarp();
     if (lane == 0) scratch[0] = acc;
   }
   __syncthreads();

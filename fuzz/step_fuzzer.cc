@@ -17,6 +17,7 @@
 #include <string>
 
 #include "fuzz/proto_mutator.h"
+#include "google/protobuf/stubs/logging.h"
 #include "google/protobuf/text_format.h"
 #include "samplerd/v1/sampler.pb.h"
 #include "sampler/cpu_backend.h"
@@ -31,6 +32,8 @@ constexpr int64_t kRegionBytes = 64 << 10;
 
 struct Harness {
   Harness() : budget(64 << 20), registry(RegistryOptions(&budget)) {
+    // Mutated strings that are not UTF-8 make protobuf log one line each: silence it.
+    google::protobuf::SetLogHandler(nullptr);
     CpuBackendOptions options;
     options.num_threads = 1;
     options.draft_pool.capacity_bytes = 4 << 20;

@@ -74,4 +74,21 @@ bool Condition::Eval() const {
 
 ABSL_NAMESPACE_END
 }  // namespace absl
+
+// Suppressions, compiled into every binary of the TSan build (no file to find at run time).
+// Only for code we do not build: Debian's gRPC and Abseil are not instrumented, so TSan sees
+// their system calls (epoll, memmove) through its interceptors but not the synchronisation
+// around them; gRPC's own templates (grpc::internal, compiled into our binaries) hand call
+// state between its uninstrumented threads the same way. Nothing of samplerd's own code is
+// suppressed.
+extern "C" const char* __tsan_default_suppressions() {
+  return "called_from_lib:libgrpc.so.29\n"
+         "called_from_lib:libabsl_status.so.20220623\n"
+         "called_from_lib:libabsl_cord.so.20220623\n"
+         "race:grpc::internal::\n"
+         "called_from_lib:libgrpc++.so.1.51\n"
+         "called_from_lib:libgpr.so.29\n"
+         "called_from_lib:libabsl_graphcycles_internal.so.20220623\n"
+         "called_from_lib:libabsl_synchronization.so.20220623\n";
+}
 #endif  // __SANITIZE_THREAD__
