@@ -28,6 +28,7 @@
 #include "absl/flags/parse.h"
 #include "client/sampler_client.h"
 #include "tests/server_process.h"
+#include "tests/test_steps.h"
 
 ABSL_FLAG(std::string, samplerd, "server/samplerd", "the samplerd binary");
 ABSL_FLAG(int, duration_s, 20, "how long the load runs before SIGTERM");
@@ -43,31 +44,16 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-v1::SampleRequest Step(uint64_t id, int rows, int vocab, uint64_t seed) {
-  v1::SampleRequest request;
-  request.set_step_id(id);
-  v1::Tensor* t = request.mutable_logits();
-  t->set_rows(rows);
-  t->set_cols(vocab);
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 2.0f);
-  auto* values = t->mutable_values()->mutable_values();
-  values->Reserve(rows * vocab);
-  for (int i = 0; i < rows * vocab; ++i) values->Add(normal(rng));
-  v1::SamplerInputs* in = request.mutable_inputs();
-  in->set_kind(v1::PREFILL);
-  in->set_vocab_size(vocab);
-  for (int r = 0; r < rows; ++r) {
-    v1::RequestInputs* req = in->add_requests();
-    req->set_request_id("s" + std::to_string(r));
-    req->set_row(r);
-    req->set_sample_position(static_cast<int64_t>(id));
-    auto* p = req->mutable_params();
+// A PREFILL step of `rows` requests over inline float32 logits, with the benchmarks' usual
+// parameters (T = 0.7, top_p 0.95, top_k 50, top-5 logprobs).
+v1::SampleRequest Step(int rows, int vocab) {
+  v1::SampleRequest request = SmallStep(1, rows, vocab, 7);
+  for (v1::RequestInputs& r : *request.mutable_inputs()->mutable_requests()) {
+    auto* p = r.mutable_params();
     p->set_temperature(0.7f);
     p->set_top_p(0.95f);
     p->set_top_k(50);
     p->set_top_logprobs(5);
-    p->set_seq_seed(seed + r);
   }
   return request;
 }
@@ -179,7 +165,7 @@ int Main() {
     std::fprintf(stderr, "samplerd did not start\n");
     return 1;
   }
-  const v1::SampleRequest step = Step(1, rows, vocab, 7);
+  const v1::SampleRequest step = Step(rows, vocab);
   const int bad = streams / 4;
   const int cancellers = bad - 2 * (bad / 3), never_read = bad / 3, silent = bad / 3;
   const int good = streams - bad;

@@ -183,6 +183,8 @@ int Serve() {
   BufferRegistry registry(registry_options);
   ServiceOptions options;
   options.request_memory = &request_memory;
+  options.draft_pool_bytes = pool_options.capacity_bytes;
+  options.draft_pool_ttl_ms = absl::GetFlag(FLAGS_draft_pool_ttl_ms);
   options.limits.max_rows = absl::GetFlag(FLAGS_max_rows);
   options.limits.max_vocab_size = absl::GetFlag(FLAGS_max_vocab_size);
   options.limits.max_top_logprobs = absl::GetFlag(FLAGS_max_top_logprobs);

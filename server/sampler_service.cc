@@ -204,10 +204,15 @@ grpc::Status SamplerService::GetServerInfo(grpc::ServerContext*, const v1::GetSe
   limits->set_max_top_logprobs(options_.limits.max_top_logprobs);
   limits->set_max_message_bytes(options_.max_message_bytes);
   limits->set_max_force_top_n(options_.limits.max_force_top_n);
+  if (options_.request_memory != nullptr) {
+    limits->set_max_request_memory_bytes(options_.request_memory->capacity());
+  }
+  limits->set_draft_pool_bytes(options_.draft_pool_bytes);
+  limits->set_draft_pool_ttl_ms(options_.draft_pool_ttl_ms);
   for (const char* feature :
        {"prefill", "decode", "draft", "draft_pool", "prompt_logprobs", "grammar_masks",
         "penalties", "force_top_n", "sum_smaller_probs", "golden_tokens", "inline_logits",
-        "host_shm", "shards", "bf16", "fp16"}) {
+        "host_shm", "shards", "bf16", "fp16", "release"}) {
     response->add_features(feature);
   }
   return grpc::Status::OK;

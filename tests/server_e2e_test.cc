@@ -63,6 +63,9 @@ TEST_F(ServerE2E, HealthAndServerInfo) {
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->backend(), "cpu");
   EXPECT_EQ(info->limits().max_top_logprobs(), 64);
+  EXPECT_EQ(info->limits().max_request_memory_bytes(), int64_t{2} << 30);
+  EXPECT_EQ(info->limits().draft_pool_ttl_ms(), 60000);
+  EXPECT_GT(info->limits().draft_pool_bytes(), 325LL * 129280 * 4);
 }
 
 TEST_F(ServerE2E, DrainingReportsNotServingThenExitsZero) {
