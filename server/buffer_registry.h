@@ -37,11 +37,7 @@ struct BufferRegistryOptions {
 
 class BufferRegistry final : public LogitsSourceResolver {
  public:
-  explicit BufferRegistry(const BufferRegistryOptions& options)
-      : max_buffers_(options.max_buffers),
-        device_(options.device),
-        shm_options_(options.shm),
-        budget_(options.budget) {}
+  explicit BufferRegistry(const BufferRegistryOptions& options);
   BufferRegistry(const BufferRegistry&) = delete;
   BufferRegistry& operator=(const BufferRegistry&) = delete;
 
@@ -65,6 +61,9 @@ class BufferRegistry final : public LogitsSourceResolver {
 
   // One-off cuda_ipc handles and ready events stay open for reuse, up to this many each.
   static constexpr size_t kHandleCacheSize = 64;
+  // Idle copy buffers of shm slices kept for reuse, at most this many bytes (beside the
+  // request budget, which counts the copies in use).
+  static constexpr size_t kMaxCachedBytes = size_t{128} << 20;
 
  private:
   struct Region {
@@ -87,6 +86,9 @@ class BufferRegistry final : public LogitsSourceResolver {
   DeviceMemoryOpener* const device_;  // borrowed; may be null
   const ShmOpenOptions shm_options_;
   MemoryBudget* const budget_;        // borrowed; may be null
+  class CopyBuffers;
+  // Shared with the leases of copies in use, which give their buffers back to it.
+  const std::shared_ptr<CopyBuffers> copy_buffers_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<const Region>> regions_ ABSL_GUARDED_BY(mu_);
   // Bounded caches, oldest first out (leases keep an evicted entry open while in use).
