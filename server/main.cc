@@ -9,6 +9,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/resource_quota.h>
+#include <malloc.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
@@ -266,6 +267,11 @@ int Serve() {
 }  // namespace samplerd
 
 int main(int argc, char** argv) {
+  // Large blocks (inline logits, their parsed messages, shm copies) straight from and back to
+  // the kernel: with glibc's default sliding threshold, freed multi-megabyte blocks stay in
+  // per-thread arenas and RSS creeps up under bursts of large messages (measured: 726 MiB at
+  // 2 s to 1,050 MiB at 15 s under 32 streams of 8.3 MB steps).
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
   // Block SIGTERM/SIGINT before gRPC starts its threads, so they inherit the mask and the
   // main thread receives them with sigwait.
   sigset_t signals;
