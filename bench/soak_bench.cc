@@ -37,6 +37,8 @@ ABSL_FLAG(int, rows, 4, "rows (requests) per step");
 ABSL_FLAG(int, vocab, 32000, "vocabulary (inline float32 logits)");
 ABSL_FLAG(int, threads, 2, "samplerd --threads");
 ABSL_FLAG(int, shutdown_deadline_ms, 5000, "samplerd --shutdown_deadline_ms");
+ABSL_FLAG(std::vector<std::string>, server_flags, {},
+          "more samplerd flags, comma-separated (e.g. --max_inflight_message_bytes=268435456)");
 ABSL_FLAG(bool, check, false, "exit 1 when an invariant fails (for the CI smoke test)");
 
 namespace samplerd {
@@ -154,11 +156,11 @@ double Percentile(std::vector<double> v, double q) {
 int Main() {
   const int streams = absl::GetFlag(FLAGS_streams);
   const int rows = absl::GetFlag(FLAGS_rows), vocab = absl::GetFlag(FLAGS_vocab);
-  ServerProcess server(absl::GetFlag(FLAGS_samplerd),
-                       {"--threads=" + std::to_string(absl::GetFlag(FLAGS_threads)),
-                        "--log_level=info",
-                        "--shutdown_deadline_ms=" +
-                            std::to_string(absl::GetFlag(FLAGS_shutdown_deadline_ms))});
+  std::vector<std::string> flags = {
+      "--threads=" + std::to_string(absl::GetFlag(FLAGS_threads)), "--log_level=info",
+      "--shutdown_deadline_ms=" + std::to_string(absl::GetFlag(FLAGS_shutdown_deadline_ms))};
+  for (const std::string& f : absl::GetFlag(FLAGS_server_flags)) flags.push_back(f);
+  ServerProcess server(absl::GetFlag(FLAGS_samplerd), flags);
   const std::string log_path = server.dir() + "/samplerd.log";
   server.set_log_file(log_path);
   if (!server.Start().ok()) {

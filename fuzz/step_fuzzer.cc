@@ -60,11 +60,7 @@ struct Harness {
     if (fd >= 0) close(fd);
     shm_unlink(name.c_str());
   }
-  static BufferRegistryOptions RegistryOptions(MemoryBudget* budget) {
-    BufferRegistryOptions options;
-    options.budget = budget;
-    return options;
-  }
+  static BufferRegistryOptions RegistryOptions(MemoryBudget*) { return BufferRegistryOptions(); }
   MemoryBudget budget;
   BufferRegistry registry;
   std::unique_ptr<CpuBackend> backend;
@@ -102,7 +98,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto plan = PlanConvertedStep(**converted, h.limits, [] { return uint64_t{42}; });
     if (!plan.ok()) continue;
     auto result = h.backend->Sample(*plan);
-    if (!result.ok()) continue;
+    if (!result.ok() || !(*converted)->VerifyAfterRead().ok()) continue;
     v1::SampleResponse response;
     ResultToProto(*result, &response);
     if ((*converted)->step.kind == StepKind::kDraft) {

@@ -1,5 +1,5 @@
 // A byte budget shared by everything a request can make the server allocate (concatenated
-// shards, copies of shared-memory slices, ...). Memory is reserved before it is allocated;
+// shards, ...). Memory is reserved before it is allocated;
 // a reservation that does not fit fails at once with RESOURCE_EXHAUSTED, so no request can
 // exhaust the server, and concurrent requests share one bound.
 //

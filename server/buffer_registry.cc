@@ -92,7 +92,8 @@ int BufferRegistry::Size() const {
 
 absl::StatusOr<const void*> BufferRegistry::Resolve(const v1::Tensor& tensor, int64_t byte_extent,
                                                     const std::string& field, bool* on_device,
-                                                    std::shared_ptr<const void>* lease) {
+                                                    std::shared_ptr<const void>* lease,
+                                                    std::function<absl::Status()>* verify) {
   switch (tensor.source_case()) {
     case v1::Tensor::kBuffer: {
       const v1::BufferSlice& slice = tensor.buffer();
@@ -117,7 +118,13 @@ absl::StatusOr<const void*> BufferRegistry::Resolve(const v1::Tensor& tensor, in
         return static_cast<const void*>(static_cast<const char*>(region->data) +
                                         slice.byte_offset());
       }
-      return CopyShmSlice(region, slice.byte_offset(), byte_extent, field + ".buffer", lease);
+      // Read in place; after the step, `verify` tells whether the object shrank under it.
+      const std::string shm_field = field + ".buffer";
+      auto data = region->shm->Slice(slice.byte_offset(), byte_extent, shm_field);
+      if (!data.ok()) return data.status();
+      *verify = [region, shm_field] { return region->shm->Intact(shm_field); };
+      *lease = region;
+      return data;
     }
     case v1::Tensor::kCudaIpc: {
       const v1::CudaIpcRef& ref = tensor.cuda_ipc();
@@ -154,79 +161,10 @@ absl::StatusOr<const void*> BufferRegistry::Resolve(const v1::Tensor& tensor, in
   }
 }
 
-// Buffers for copies of shm slices, kept for reuse: a fresh multi-megabyte allocation per step
-// costs more in page faults than the copy itself (measured: +2 ms a step at 8.3 MB).
-class BufferRegistry::CopyBuffers {
- public:
-  // A buffer of at least `bytes` (at most twice that, so a small slice does not hold a large
-  // buffer), reused when one is free.
-  std::unique_ptr<unsigned char[]> Get(size_t bytes, size_t* capacity) {
-    {
-      absl::MutexLock lock(&mu_);
-      for (auto it = free_.begin(); it != free_.end(); ++it) {
-        if (it->first >= bytes && it->first / 2 <= bytes) {
-          *capacity = it->first;
-          std::unique_ptr<unsigned char[]> buffer = std::move(it->second);
-          cached_ -= it->first;
-          free_.erase(it);
-          return buffer;
-        }
-      }
-    }
-    *capacity = std::max<size_t>(bytes, 1);
-    // Not value-initialised: every byte a step reads is overwritten by the copy.
-    return std::unique_ptr<unsigned char[]>(new unsigned char[*capacity]);
-  }
-  // Keeps `buffer` for reuse unless that would hold more than kMaxCachedBytes idle.
-  void Put(std::unique_ptr<unsigned char[]> buffer, size_t capacity) {
-    absl::MutexLock lock(&mu_);
-    if (cached_ + capacity > kMaxCachedBytes) return;
-    cached_ += capacity;
-    free_.emplace_back(capacity, std::move(buffer));
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<std::pair<size_t, std::unique_ptr<unsigned char[]>>> free_ ABSL_GUARDED_BY(mu_);
-  size_t cached_ ABSL_GUARDED_BY(mu_) = 0;
-};
-
 BufferRegistry::BufferRegistry(const BufferRegistryOptions& options)
     : max_buffers_(options.max_buffers),
       device_(options.device),
-      shm_options_(options.shm),
-      budget_(options.budget),
-      copy_buffers_(std::make_shared<CopyBuffers>()) {}
-
-absl::StatusOr<const void*> BufferRegistry::CopyShmSlice(std::shared_ptr<const Region> region,
-                                                         int64_t offset, int64_t bytes,
-                                                         const std::string& field,
-                                                         std::shared_ptr<const void>* lease) {
-  // The copy's memory is reserved before it is taken; the lease returns both (the buffer to
-  // the reuse list).
-  struct Copy {
-    MemoryBudget::Lease reservation;
-    std::shared_ptr<CopyBuffers> buffers;
-    std::unique_ptr<unsigned char[]> bytes;
-    size_t capacity = 0;
-    ~Copy() {
-      if (bytes) buffers->Put(std::move(bytes), capacity);
-    }
-  };
-  auto copy = std::make_shared<Copy>();
-  if (budget_ != nullptr) {
-    auto reservation = budget_->Reserve(bytes, field);
-    if (!reservation.ok()) return reservation.status();
-    copy->reservation = std::move(*reservation);
-  }
-  copy->buffers = copy_buffers_;
-  copy->bytes = copy_buffers_->Get(static_cast<size_t>(bytes), &copy->capacity);
-  auto read = region->shm->Read(offset, bytes, copy->bytes.get(), field);
-  if (!read.ok()) return read;
-  const void* data = copy->bytes.get();
-  *lease = std::move(copy);
-  return data;
-}
+      shm_options_(options.shm) {}
 
 absl::StatusOr<std::shared_ptr<const BufferRegistry::Region>> BufferRegistry::OneOffRegion(
     const CudaIpcHandle& handle, int device) {

@@ -1,9 +1,9 @@
 // Named regions that steps read logits from: POSIX shared memory (HOST_SHM) now, CUDA IPC
 // regions with the CUDA backend. Also the server's LogitsSourceResolver: every slice is checked
 // against the region's byte_size before any read, and a step holds a lease on the region so
-// that UnregisterBuffer never unmaps memory a step is reading. A HOST_SHM slice is copied
-// through the object's descriptor into memory reserved from the request budget (ShmRegion says
-// why): a worker that shrinks its object fails its own step, never the server.
+// that UnregisterBuffer never unmaps memory a step is reading. HOST_SHM slices are read in
+// place; a worker that shrinks its object fails its own step, never the server (ShmRegion
+// says how).
 //
 //   BufferRegistry registry(BufferRegistryOptions{});
 //   RETURN_IF_ERROR(registry.Register(request));
@@ -18,7 +18,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
-#include "sampler/memory_budget.h"
 #include "samplerd/v1/sampler.pb.h"
 #include "server/device_memory.h"
 #include "server/proto_convert.h"
@@ -31,8 +30,6 @@ struct BufferRegistryOptions {
   // The GPU backend's opener of CUDA IPC memory, or null (CUDA IPC is FAILED_PRECONDITION).
   DeviceMemoryOpener* device = nullptr;
   ShmOpenOptions shm;
-  // Where copies of shm slices are reserved; null = unbounded (tests).
-  MemoryBudget* budget = nullptr;
 };
 
 class BufferRegistry final : public LogitsSourceResolver {
@@ -54,16 +51,15 @@ class BufferRegistry final : public LogitsSourceResolver {
 
   absl::StatusOr<const void*> Resolve(const v1::Tensor& tensor, int64_t byte_extent,
                                       const std::string& field, bool* on_device,
-                                      std::shared_ptr<const void>* lease) override;
+                                      std::shared_ptr<const void>* lease,
+                                      std::function<absl::Status()>* verify) override;
   absl::StatusOr<const void*> ResolveReadyEvent(const std::string& handle,
                                                 const std::string& field,
                                                 std::shared_ptr<const void>* lease) override;
 
   // One-off cuda_ipc handles and ready events stay open for reuse, up to this many each.
   static constexpr size_t kHandleCacheSize = 64;
-  // Idle copy buffers of shm slices kept for reuse, at most this many bytes (beside the
-  // request budget, which counts the copies in use).
-  static constexpr size_t kMaxCachedBytes = size_t{128} << 20;
+
 
  private:
   struct Region {
@@ -74,10 +70,6 @@ class BufferRegistry final : public LogitsSourceResolver {
     int64_t bytes = 0;                       // readable bytes from data
     bool on_device = false;
   };
-  // Copies [offset, offset + bytes) of a HOST_SHM region into reserved memory; *lease owns it.
-  absl::StatusOr<const void*> CopyShmSlice(std::shared_ptr<const Region> region, int64_t offset,
-                                           int64_t bytes, const std::string& field,
-                                           std::shared_ptr<const void>* lease);
   // Opens (or finds) a one-off cuda_ipc handle's whole allocation.
   absl::StatusOr<std::shared_ptr<const Region>> OneOffRegion(const CudaIpcHandle& handle,
                                                              int device);
@@ -85,10 +77,6 @@ class BufferRegistry final : public LogitsSourceResolver {
   const int max_buffers_;
   DeviceMemoryOpener* const device_;  // borrowed; may be null
   const ShmOpenOptions shm_options_;
-  MemoryBudget* const budget_;        // borrowed; may be null
-  class CopyBuffers;
-  // Shared with the leases of copies in use, which give their buffers back to it.
-  const std::shared_ptr<CopyBuffers> copy_buffers_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<const Region>> regions_ ABSL_GUARDED_BY(mu_);
   // Bounded caches, oldest first out (leases keep an evicted entry open while in use).

@@ -85,10 +85,12 @@ absl::StatusOr<LogitsView> SingleTensorView(const v1::Tensor& tensor, const std:
                    "inline `data` or `values` are read here"));
       }
       std::shared_ptr<const void> lease;
-      auto data = ctx.resolver->Resolve(tensor, extent, field, &view.on_device, &lease);
+      std::function<absl::Status()> verify;
+      auto data = ctx.resolver->Resolve(tensor, extent, field, &view.on_device, &lease, &verify);
       if (!data.ok()) return data.status();
       view.data = *data;
       if (lease) holder.leases.push_back(std::move(lease));
+      if (verify) holder.verify_after_read.push_back(std::move(verify));
       // A ready_event matters only where the producer is a GPU stream: device views. (Host
       // memory is read after the call arrives, so the producer has finished writing it.)
       if (view.on_device && !tensor.ready_event().empty()) {
@@ -261,6 +263,14 @@ absl::StatusOr<std::unique_ptr<ConvertedStep>> StepFromProto(const v1::SampleReq
                          ctx, step.requests[i]);
   }
   return converted;
+}
+
+absl::Status ConvertedStep::VerifyAfterRead() const {
+  for (const auto& verify : verify_after_read) {
+    absl::Status status = verify();
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepPlan> PlanConvertedStep(const ConvertedStep& converted, const Limits& limits,

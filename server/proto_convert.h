@@ -11,6 +11,7 @@
 #ifndef SAMPLERD_SERVER_PROTO_CONVERT_H_
 #define SAMPLERD_SERVER_PROTO_CONVERT_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,12 +30,15 @@ class LogitsSourceResolver {
  public:
   virtual ~LogitsSourceResolver() = default;
   // Returns a pointer to `byte_extent` readable bytes of the source (`byte_extent` is already
-  // overflow-checked), and `lease`, which keeps them valid until released. Errors name `field` (NOT_FOUND for an unknown buffer,
-  // INVALID_ARGUMENT for a slice past its end, FAILED_PRECONDITION for a source this backend
-  // cannot read).
+  // overflow-checked), and `lease`, which keeps them valid until released. Where the bytes can
+  // turn out not to be what the owner wrote (an shm object truncated while it was read), sets
+  // `verify`, which the server calls once the backend has read the step. Errors name `field`
+  // (NOT_FOUND for an unknown buffer, INVALID_ARGUMENT for a slice past its end,
+  // FAILED_PRECONDITION for a source this backend cannot read or one that shrank).
   virtual absl::StatusOr<const void*> Resolve(const v1::Tensor& tensor, int64_t byte_extent,
                                               const std::string& field, bool* on_device,
-                                              std::shared_ptr<const void>* lease) = 0;
+                                              std::shared_ptr<const void>* lease,
+                                              std::function<absl::Status()>* verify) = 0;
   // Opens a device tensor's `ready_event` (a CUDA IPC event handle); returns the native event.
   // Errors name `field`: INVALID_ARGUMENT for a handle of the wrong length,
   // FAILED_PRECONDITION where there is no GPU backend.
@@ -51,6 +55,12 @@ struct ConvertedStep {
   std::vector<absl::Status> request_faults;
   std::vector<std::unique_ptr<std::vector<unsigned char>>> owned;  // e.g. concatenated shards
   std::vector<std::shared_ptr<const void>> leases;                  // registered regions in use
+  // Checks to run after the backend read the step (Resolve's `verify`): a failure fails the
+  // step, whose results may rest on bytes the owner did not write.
+  std::vector<std::function<absl::Status()>> verify_after_read;
+
+  // Runs verify_after_read; the first failure.
+  absl::Status VerifyAfterRead() const;
 };
 
 // Converts `request`, which must outlive the result (inline bytes are borrowed, not copied).

@@ -73,6 +73,11 @@ absl::Status SamplerService::RunStep(const v1::SampleRequest& request,
       computed = Clock::now();
       result = backend_.Sample(*plan);
       done = Clock::now();
+      // A registered shm object truncated while the backend read it: its answers rest on
+      // zero pages, so the step fails (the SIGBUS handler kept the server alive).
+      if (result.ok()) {
+        if (absl::Status intact = (*converted)->VerifyAfterRead(); !intact.ok()) result = intact;
+      }
     } else {
       result = plan.status();
     }

@@ -6,14 +6,88 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
+#include <mutex>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 
 namespace samplerd {
+
+namespace {
+
+// The SIGBUS handler's table of mapped regions. Only atomics: the handler reads it.
+struct MappingSlot {
+  std::atomic<int> used{0};
+  std::atomic<uintptr_t> begin{0};  // 0 while the slot is being filled or emptied
+  std::atomic<uintptr_t> end{0};
+  std::atomic<int> faulted{0};
+};
+MappingSlot g_slots[ShmRegion::kMaxMappings];
+struct sigaction g_previous_sigbus;
+uintptr_t g_page_size = 4096;
+
+// SIGBUS: a read past the end of a truncated object. In one of our mappings, map zero pages
+// over the rest of it and mark it (the read then goes on and its step fails); elsewhere, put
+// the previous handler back and return, so that the access faults again and gets it.
+void OnSigbus(int signal, siginfo_t* info, void* context) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (MappingSlot& slot : g_slots) {
+    const uintptr_t begin = slot.begin.load(std::memory_order_acquire);
+    if (begin == 0 || address < begin) continue;
+    const uintptr_t end = slot.end.load(std::memory_order_acquire);
+    if (address >= end) continue;
+    const uintptr_t page = address & ~(g_page_size - 1);
+    void* zeros = mmap(reinterpret_cast<void*>(page), end - page, PROT_READ,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (zeros != MAP_FAILED) {
+      slot.faulted.store(1, std::memory_order_release);
+      return;
+    }
+    break;
+  }
+  sigaction(SIGBUS, &g_previous_sigbus, nullptr);
+  (void)signal;
+  (void)context;
+}
+
+void InstallSigbusHandler() {
+  g_page_size = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  struct sigaction action;
+  std::memset(&action, 0, sizeof(action));
+  action.sa_sigaction = OnSigbus;
+  action.sa_flags = SA_SIGINFO | SA_NODEFER;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGBUS, &action, &g_previous_sigbus);
+}
+
+int ClaimSlot(const void* data, int64_t bytes) {
+  static std::once_flag installed;
+  std::call_once(installed, InstallSigbusHandler);
+  for (int i = 0; i < ShmRegion::kMaxMappings; ++i) {
+    int expected = 0;
+    if (!g_slots[i].used.compare_exchange_strong(expected, 1)) continue;
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
+    const uintptr_t end = (begin + static_cast<uintptr_t>(bytes) + g_page_size - 1) &
+                          ~(g_page_size - 1);
+    g_slots[i].faulted.store(0, std::memory_order_relaxed);
+    g_slots[i].end.store(end, std::memory_order_relaxed);
+    g_slots[i].begin.store(begin, std::memory_order_release);
+    return i;
+  }
+  return -1;
+}
+
+void ReleaseSlot(int i) {
+  g_slots[i].begin.store(0, std::memory_order_release);
+  g_slots[i].used.store(0, std::memory_order_release);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Open(const std::string& shm_name,
                                                            int64_t byte_size,
@@ -69,34 +143,49 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Open(const std::string& sh
         "byte_size: ", byte_size, " exceeds the ", static_cast<int64_t>(info.st_size),
         " bytes of '", shm_name, "'")));
   }
-  return std::unique_ptr<ShmRegion>(new ShmRegion(fd, byte_size, shm_name));
+  void* data = mmap(nullptr, static_cast<size_t>(byte_size), PROT_READ, MAP_SHARED, fd, 0);
+  if (data == MAP_FAILED) {
+    return fail(absl::FailedPreconditionError(
+        absl::StrCat("shm_name: cannot map '", shm_name, "': ", std::strerror(errno))));
+  }
+  const int slot = ClaimSlot(data, byte_size);
+  if (slot < 0) {
+    munmap(data, static_cast<size_t>(byte_size));
+    return fail(absl::ResourceExhaustedError(
+        absl::StrCat("shm_name: ", kMaxMappings, " shared-memory regions are open")));
+  }
+  return std::unique_ptr<ShmRegion>(new ShmRegion(fd, data, byte_size, slot, shm_name));
 }
 
-ShmRegion::~ShmRegion() { close(fd_); }
+ShmRegion::~ShmRegion() {
+  // No step reads the region any more (they hold leases), so no fault can be in flight here.
+  ReleaseSlot(slot_);
+  munmap(const_cast<void*>(data_), static_cast<size_t>(byte_size_));
+  close(fd_);
+}
 
-absl::Status ShmRegion::Read(int64_t offset, int64_t bytes, void* dst,
-                             const std::string& field) const {
-  char* out = static_cast<char*>(dst);
-  int64_t done = 0;
-  while (done < bytes) {
-    // pread moves at most 0x7ffff000 bytes a call.
-    const size_t want = static_cast<size_t>(std::min<int64_t>(bytes - done, int64_t{1} << 30));
-    const ssize_t got = pread(fd_, out + done, want, static_cast<off_t>(offset + done));
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      return absl::FailedPreconditionError(absl::StrCat(
-          field, ": reading shared-memory object '", name_, "' failed: ", std::strerror(errno)));
-    }
-    if (got == 0) {
-      struct stat info;
-      const int64_t now = fstat(fd_, &info) == 0 ? static_cast<int64_t>(info.st_size) : -1;
-      return absl::FailedPreconditionError(absl::StrCat(
-          field, ": shared-memory object '", name_, "' shrank to ", now,
-          " bytes after it was registered with byte_size ", byte_size_,
-          "; the slice ends at byte ", offset + bytes, " (re-register the buffer)"));
-    }
-    done += got;
+absl::Status ShmRegion::ShrankError(const std::string& field) const {
+  struct stat info;
+  const int64_t now = fstat(fd_, &info) == 0 ? static_cast<int64_t>(info.st_size) : -1;
+  return absl::FailedPreconditionError(absl::StrCat(
+      field, ": shared-memory object '", name_, "' shrank to ", now,
+      " bytes after it was registered with byte_size ", byte_size_,
+      " (re-register the buffer)"));
+}
+
+absl::StatusOr<const void*> ShmRegion::Slice(int64_t offset, int64_t bytes,
+                                             const std::string& field) const {
+  // One fstat a step finds a shrink before any read; a shrink during the read is Intact's.
+  struct stat info;
+  if (g_slots[slot_].faulted.load(std::memory_order_acquire) != 0 || fstat(fd_, &info) != 0 ||
+      static_cast<int64_t>(info.st_size) < offset + bytes) {
+    return ShrankError(field);
   }
+  return static_cast<const void*>(static_cast<const char*>(data_) + offset);
+}
+
+absl::Status ShmRegion::Intact(const std::string& field) const {
+  if (g_slots[slot_].faulted.load(std::memory_order_acquire) != 0) return ShrankError(field);
   return absl::OkStatus();
 }
 

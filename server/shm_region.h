@@ -1,17 +1,22 @@
-// A POSIX shared-memory object that a worker registered as a HOST_SHM region, read through
-// its descriptor.
+// A POSIX shared-memory object that a worker registered as a HOST_SHM region, mapped read-only
+// and read in place, safely.
 //
-// Why not mmap: the worker owns the object and may shrink it (ftruncate) at any time; a read
-// of a mapped page past the new end raises SIGBUS and kills the server. pread() on the kept
-// descriptor returns a short count instead, which fails only the step that read it. Opening
-// never blocks (O_NONBLOCK: a FIFO would block open() forever) and never follows a link, and
-// only regular files owned by an allowed uid are accepted, so a client cannot make the server
-// read another user's memory even when the server runs as root.
+// The worker owns the object and may shrink it (ftruncate) at any time; reading a mapped page
+// past the new end raises SIGBUS, which would kill the server. A process-wide SIGBUS handler
+// owns that case: when the faulting address lies in a registered mapping, it maps zero pages
+// over the rest of it (as Wayland's wl_shm does), marks the region faulted and lets the read
+// go on; the step that read it is then failed by Intact(). A fault anywhere else goes to the
+// previous handler. So a shrink costs the step that meets it, never the process, and reads
+// need no copy. Opening never blocks (O_NONBLOCK: a FIFO would block open() forever) and never
+// follows a link, and only regular files owned by an allowed uid are accepted, so a client
+// cannot make the server read another user's memory even when the server runs as root.
 //
 //   ShmOpenOptions options;  // allowed owner: the server's own uid
 //   ASSIGN_OR_RETURN(std::unique_ptr<ShmRegion> region,
 //                    ShmRegion::Open("/worker0-logits", size, options));
-//   RETURN_IF_ERROR(region->Read(offset, bytes, destination, "logits.buffer"));
+//   ASSIGN_OR_RETURN(const void* bytes, region->Slice(offset, n, "logits.buffer"));
+//   ... read bytes ...
+//   RETURN_IF_ERROR(region->Intact("logits.buffer"));  // what was read is what the worker wrote
 #ifndef SAMPLERD_SERVER_SHM_REGION_H_
 #define SAMPLERD_SERVER_SHM_REGION_H_
 
@@ -34,11 +39,11 @@ struct ShmOpenOptions {
 
 class ShmRegion final {
  public:
-  // Opens shm object `shm_name` ("/name") read-only; its first `byte_size` bytes are the
-  // region. Errors name the field: INVALID_ARGUMENT for a bad name or size; NOT_FOUND when the
-  // object does not exist; PERMISSION_DENIED for an object no allowed uid owns;
-  // FAILED_PRECONDITION when it is not a regular file (a FIFO, a directory, a link) or is
-  // smaller than byte_size.
+  // Opens shm object `shm_name` ("/name") read-only and maps its first `byte_size` bytes.
+  // Errors name the field: INVALID_ARGUMENT for a bad name or size; NOT_FOUND when the object
+  // does not exist; PERMISSION_DENIED for an object no allowed uid owns; FAILED_PRECONDITION
+  // when it is not a regular file (a FIFO, a directory, a link), is smaller than byte_size or
+  // cannot be mapped; RESOURCE_EXHAUSTED when kMaxMappings regions are open.
   static absl::StatusOr<std::unique_ptr<ShmRegion>> Open(const std::string& shm_name,
                                                          int64_t byte_size,
                                                          const ShmOpenOptions& options);
@@ -49,16 +54,27 @@ class ShmRegion final {
   int64_t byte_size() const { return byte_size_; }
   const std::string& name() const { return name_; }
 
-  // Copies bytes [offset, offset + bytes) of the region into `dst`. The range must lie within
-  // byte_size() (the caller checked it). FAILED_PRECONDITION naming `field` when the object
-  // shrank below the range after registration (the worker truncated it).
-  absl::Status Read(int64_t offset, int64_t bytes, void* dst, const std::string& field) const;
+  // Bytes [offset, offset + bytes) of the region, in place; the range must lie within
+  // byte_size() (the caller checked it). FAILED_PRECONDITION naming `field` when the object is
+  // already smaller than the range, or an earlier read of it faulted.
+  absl::StatusOr<const void*> Slice(int64_t offset, int64_t bytes, const std::string& field) const;
+
+  // After the reads: OK when no read of this region has faulted since it was opened (what was
+  // read is the object's content); else FAILED_PRECONDITION naming `field`.
+  absl::Status Intact(const std::string& field) const;
+
+  // Regions mapped at once, process-wide (the SIGBUS handler's table).
+  static constexpr int kMaxMappings = 4096;
 
  private:
-  ShmRegion(int fd, int64_t byte_size, std::string name)
-      : fd_(fd), byte_size_(byte_size), name_(std::move(name)) {}
+  ShmRegion(int fd, const void* data, int64_t byte_size, int slot, std::string name)
+      : fd_(fd), data_(data), byte_size_(byte_size), slot_(slot), name_(std::move(name)) {}
+  absl::Status ShrankError(const std::string& field) const;
+
   const int fd_;
+  const void* const data_;
   const int64_t byte_size_;
+  const int slot_;  // in the SIGBUS handler's table
   const std::string name_;
 };
 
