@@ -23,6 +23,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "grpc/health/v1/health.pb.h"
 #include "absl/strings/str_cat.h"
 #include "sampler/cpu_backend.h"
 #ifdef SAMPLERD_WITH_CUDA
@@ -280,6 +283,18 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   absl::SetProgramUsageMessage("samplerd: the samplerd sampling server");
+  // `--help` lists this file's flags (Abseil's default looks for a file named after the
+  // program, and found none: "No flags matched").
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "server/main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
+  // gRPC's built-in health service has no C++ descriptors, so reflection listed
+  // grpc.health.v1.Health but could not describe it (`grpcurl ... grpc.health.v1.Health/Check`
+  // failed). Linking the generated health.proto puts it in the descriptor pool reflection reads.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
   absl::ParseCommandLine(argc, argv);
   return samplerd::Serve();
 }

@@ -117,12 +117,19 @@ TEST(Reflection, ListsServicesAndCallsSampleFromJson) {
   EXPECT_THAT(services, Contains("samplerd.v1.Sampler"));
   EXPECT_THAT(services, Contains("grpc.health.v1.Health"));
 
+  // The health service is described too: `grpcurl -plaintext HOST grpc.health.v1.Health/Check`
+  // resolves it this way.
+  google::protobuf::DescriptorPool health_pool;
+  ASSERT_TRUE(client.LoadSymbol("grpc.health.v1.Health", &health_pool));
+  EXPECT_NE(health_pool.FindMethodByName("grpc.health.v1.Health.Check"), nullptr);
+
   google::protobuf::DescriptorPool pool;
   ASSERT_TRUE(client.LoadSymbol("samplerd.v1.Sampler", &pool));
   const auto* service = pool.FindServiceByName("samplerd.v1.Sampler");
   ASSERT_NE(service, nullptr);
   for (const char* rpc : {"Sample", "SampleStream", "RegisterBuffer", "UnregisterBuffer",
-                          "ListBuffers", "CreateGroup", "DestroyGroup", "GetServerInfo"}) {
+                          "ListBuffers", "CreateGroup", "DestroyGroup", "GetServerInfo",
+                          "Release"}) {
     EXPECT_NE(service->FindMethodByName(rpc), nullptr) << rpc;
   }
   const auto* method = service->FindMethodByName("Sample");
