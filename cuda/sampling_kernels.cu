@@ -65,10 +65,15 @@ __device__ __forceinline__ bool TemperatureOverflows(float x_min, float x_max, f
 }
 
 // The row's status from what the load found (`bad`: kRowNonFinite / kRowOverflow bits), its
-// extreme finite values and T: 0 when the row can be sampled.
-__device__ __forceinline__ int32_t RowFault(int bad, float x_min, float x_max, float T) {
+// extreme finite values and T: 0 when the row can be sampled. `check_temperature` false: the
+// caller's general algorithm checks the temperature later (force top-N decides first which
+// values it sees).
+__device__ __forceinline__ int32_t RowFault(int bad, float x_min, float x_max, float T,
+                                            bool check_temperature) {
   if (bad & kRowNonFinite) return kRowNonFinite;
-  if ((bad & kRowOverflow) || TemperatureOverflows(x_min, x_max, T)) return kRowOverflow;
+  if ((bad & kRowOverflow) || (check_temperature && TemperatureOverflows(x_min, x_max, T))) {
+    return kRowOverflow;
+  }
   if (x_max == kNegInf) return kRowNoToken;
   return 0;
 }
@@ -921,11 +926,9 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
   }
   cluster.sync();  // every block has read `part` before it is rewritten below
   stage(2);
-  // Force top-N rows: which values the temperature sees is decided by the general algorithm,
-  // which checks them itself; every other row is checked here.
+  // Force top-N rows go to the general algorithm, which checks the temperature itself.
   const bool force = !prompt && job.force_top_n > 0 && job.force_top_n < V;
-  int32_t fault = RowFault(any_bad, x_min, x_max, job.temperature);
-  if (force && fault == kRowOverflow && !(any_bad & kRowOverflow)) fault = 0;
+  const int32_t fault = RowFault(any_bad, x_min, x_max, job.temperature, !force);
   if (fault != 0) {
     if (rank == 0 && threadIdx.x == 0) out.status = fault;
     return;
@@ -1364,7 +1367,7 @@ __global__ void __launch_bounds__(kSplitFinishThreads, 2) SplitFinishKernel(Step
   }
   __syncthreads();
   const float x_max = row_x_max;
-  const int32_t fault = RowFault(row_bad, row_x_min, x_max, T);
+  const int32_t fault = RowFault(row_bad, row_x_min, x_max, T, /*check_temperature=*/true);
   if (fault != 0) {
     if (threadIdx.x == 0) out.status = fault;
     return;

@@ -31,7 +31,7 @@ namespace {
 constexpr int64_t kRegionBytes = 64 << 10;
 
 struct Harness {
-  Harness() : budget(64 << 20), registry(RegistryOptions(&budget)) {
+  Harness() : budget(64 << 20), registry(BufferRegistryOptions()) {
     // Mutated strings that are not UTF-8 make protobuf log one line each: silence it.
     google::protobuf::SetLogHandler(nullptr);
     CpuBackendOptions options;
@@ -60,7 +60,6 @@ struct Harness {
     if (fd >= 0) close(fd);
     shm_unlink(name.c_str());
   }
-  static BufferRegistryOptions RegistryOptions(MemoryBudget*) { return BufferRegistryOptions(); }
   MemoryBudget budget;
   BufferRegistry registry;
   std::unique_ptr<CpuBackend> backend;

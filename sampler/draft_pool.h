@@ -103,6 +103,7 @@ class DraftPool {
 
   int64_t UsedBytes() const;
   int64_t CapacityBytes() const { return options_.capacity_bytes; }
+  absl::Duration Ttl() const { return options_.ttl; }
   int Entries() const;
 
  private:

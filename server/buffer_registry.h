@@ -60,7 +60,6 @@ class BufferRegistry final : public LogitsSourceResolver {
   // One-off cuda_ipc handles and ready events stay open for reuse, up to this many each.
   static constexpr size_t kHandleCacheSize = 64;
 
-
  private:
   struct Region {
     v1::BufferInfo info;

@@ -25,8 +25,8 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
-#include "grpc/health/v1/health.pb.h"
 #include "absl/strings/str_cat.h"
+#include "grpc/health/v1/health.pb.h"
 #include "sampler/cpu_backend.h"
 #ifdef SAMPLERD_WITH_CUDA
 #include "cuda/cuda_backend.h"
@@ -58,8 +58,7 @@ ABSL_FLAG(int64_t, draft_pool_ttl_ms, 60000,
           "dropped");
 ABSL_FLAG(int64_t, max_request_memory_bytes, 2LL << 30,
           "memory that steps in flight may make the server allocate (shard concatenation), "
-          "reserved before allocating; a step that does not "
-          "fit fails with RESOURCE_EXHAUSTED");
+          "reserved before allocating; a step that does not fit fails with RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_inflight_message_bytes, 1LL << 30,
           "gRPC resource quota: memory for messages being received and sent, over all calls; "
           "beyond it gRPC stops reading from connections until memory is freed");
@@ -186,8 +185,6 @@ int Serve() {
   BufferRegistry registry(registry_options);
   ServiceOptions options;
   options.request_memory = &request_memory;
-  options.draft_pool_bytes = pool_options.capacity_bytes;
-  options.draft_pool_ttl_ms = absl::GetFlag(FLAGS_draft_pool_ttl_ms);
   options.limits.max_rows = absl::GetFlag(FLAGS_max_rows);
   options.limits.max_vocab_size = absl::GetFlag(FLAGS_max_vocab_size);
   options.limits.max_top_logprobs = absl::GetFlag(FLAGS_max_top_logprobs);

@@ -212,8 +212,8 @@ grpc::Status SamplerService::GetServerInfo(grpc::ServerContext*, const v1::GetSe
   if (options_.request_memory != nullptr) {
     limits->set_max_request_memory_bytes(options_.request_memory->capacity());
   }
-  limits->set_draft_pool_bytes(options_.draft_pool_bytes);
-  limits->set_draft_pool_ttl_ms(options_.draft_pool_ttl_ms);
+  limits->set_draft_pool_bytes(backend_.draft_pool().CapacityBytes());
+  limits->set_draft_pool_ttl_ms(absl::ToInt64Milliseconds(backend_.draft_pool().Ttl()));
   for (const char* feature :
        {"prefill", "decode", "draft", "draft_pool", "prompt_logprobs", "grammar_masks",
         "penalties", "force_top_n", "sum_smaller_probs", "golden_tokens", "inline_logits",

@@ -28,8 +28,6 @@ struct ServiceOptions {
   int max_queued_steps = 64;            // steps admitted at once (waiting or computing)
   int64_t max_message_bytes = 64 << 20; // reported by GetServerInfo
   MemoryBudget* request_memory = nullptr;  // bounds what conversion allocates; null = unbounded
-  int64_t draft_pool_bytes = 0;            // reported by GetServerInfo
-  int64_t draft_pool_ttl_ms = 0;
   std::string version = "0.1.0";
 };
 
