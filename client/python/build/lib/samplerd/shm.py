@@ -1,0 +1,76 @@
+"""POSIX shared-memory regions a worker creates, fills with logits and registers (HOST_SHM).
+
+The server maps the object read-only and checks, per step, that every slice lies inside the
+registered size. It accepts only objects owned by an allowed uid (`--shm_allowed_uids`, by
+default its own), so run the worker and samplerd under one uid (the deploy/ manifests set one
+pod-level runAsUser). Objects are created mode 0600, exclusively, and unlinked on close.
+"""
+import mmap
+import os
+import secrets
+
+import numpy as np
+
+_SHM_DIR = "/dev/shm"  # where glibc's shm_open keeps objects on Linux
+
+
+class ShmRegion:
+    """A shared-memory object of `byte_size` bytes, mapped read-write in this process."""
+
+    def __init__(self, byte_size: int, name: str = None, mode: int = 0o600):
+        if byte_size <= 0:
+            raise ValueError("byte_size must be positive")
+        self.name = name or f"/samplerd-{os.getpid()}-{secrets.token_hex(6)}"
+        if not self.name.startswith("/") or "/" in self.name[1:]:
+            raise ValueError(f"shm name {self.name!r} must be '/' then a name without '/'")
+        self.byte_size = byte_size
+        path = _SHM_DIR + self.name
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+        try:
+            os.ftruncate(fd, byte_size)
+            self._map = mmap.mmap(fd, byte_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        os.close(fd)
+        self._path = path
+        self._views = []
+
+    def ndarray(self, shape, dtype=np.float32, byte_offset: int = 0) -> np.ndarray:
+        """A numpy view of the region (write logits into it in place)."""
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape))
+        if byte_offset < 0 or byte_offset + count * dtype.itemsize > self.byte_size:
+            raise ValueError(f"view of {count} x {dtype} at {byte_offset} exceeds the region's "
+                             f"{self.byte_size} bytes")
+        return np.frombuffer(self._map, dtype=dtype, count=count, offset=byte_offset).reshape(shape)
+
+    def byte_offset_of(self, array: np.ndarray) -> int:
+        """Where a view returned by ndarray() starts, in bytes from the region's start."""
+        base = np.frombuffer(self._map, dtype=np.uint8).__array_interface__["data"][0]
+        offset = array.__array_interface__["data"][0] - base
+        if offset < 0 or offset + array.nbytes > self.byte_size:
+            raise ValueError("the array does not lie inside this region")
+        return offset
+
+    def close(self):
+        """Unmaps and unlinks the object (unregister it from the server first)."""
+        if self._map is None:
+            return
+        try:
+            self._map.close()
+        except BufferError as e:
+            raise BufferError("a numpy view of the region is still alive; drop it before "
+                              "close()") from e
+        self._map = None
+        try:
+            os.unlink(self._path)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

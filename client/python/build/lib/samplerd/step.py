@@ -1,0 +1,240 @@
+"""Building a step's SampleRequest from plain Python values.
+
+A step is its logits (one of the sources below) and its requests: Prefill, Decode or Draft
+(one kind per step, SPEC section 5). Fields mirror API.md's RequestInputs; lists take any
+sequence of ints, masks take xgrammar/numpy int32 bitmask rows (ceil(V / 32) words, bit t % 32
+of word t / 32 set = token t allowed) or bytes.
+"""
+from dataclasses import dataclass, field
+from typing import Optional, Sequence, Union
+
+import numpy as np
+
+from ._proto import pb
+from .cuda import CudaRegion
+from .shm import ShmRegion
+
+
+@dataclass
+class SamplingParams:
+    """SPEC section 2. None = the server's default (temperature 1, no cuts, no penalties).
+    `seed` is the request's seq_seed: fixed seeds make a step replayable."""
+
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    top_logprobs: Optional[int] = None
+    seed: Optional[int] = None
+
+    def fill(self, msg):
+        for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                     "presence_penalty", "frequency_penalty", "top_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(msg, name, value)
+        if self.seed is not None:
+            msg.seq_seed = self.seed
+
+
+Mask = Union[bytes, np.ndarray, None]
+
+
+def _mask_bytes(mask) -> bytes:
+    if mask is None:
+        return b""
+    if isinstance(mask, (bytes, bytearray, memoryview)):
+        return bytes(mask)
+    if hasattr(mask, "numpy"):  # a CPU torch tensor (xgrammar.allocate_token_bitmask)
+        mask = mask.numpy()
+    return np.ascontiguousarray(mask, dtype="<i4").tobytes()
+
+
+@dataclass
+class _Common:
+    request_id: str
+    params: SamplingParams = field(default_factory=SamplingParams)
+    sample_position: int = 0
+    prompt_token_ids: Sequence[int] = ()
+    output_token_ids: Sequence[int] = ()
+
+    def _fill_common(self, msg):
+        msg.request_id = self.request_id
+        self.params.fill(msg.params)
+        msg.sample_position = self.sample_position
+        msg.prompt_token_ids.extend(self.prompt_token_ids)
+        msg.output_token_ids.extend(self.output_token_ids)
+
+
+@dataclass
+class Prefill(_Common):
+    """Samples one token from `row` (optionally with prompt logprobs)."""
+
+    row: int = 0
+    golden_token_id: Optional[int] = None
+    allowed_token_mask: Mask = None
+    prompt_first_row: int = 0
+    prompt_targets: Sequence[int] = ()
+
+    kind = pb.PREFILL
+
+    def to_proto(self, msg):
+        self._fill_common(msg)
+        msg.row = self.row
+        if self.golden_token_id is not None:
+            msg.golden_token_ids.append(self.golden_token_id)
+        if self.allowed_token_mask is not None:
+            msg.allowed_token_masks.append(_mask_bytes(self.allowed_token_mask))
+        msg.prompt_first_row = self.prompt_first_row
+        msg.prompt_targets.extend(self.prompt_targets)
+
+
+@dataclass
+class Decode(_Common):
+    """Verifies `draft_token_ids` (num_rows - 1 of them) against rows first_row.. and emits
+    the accepted drafts plus one token. `draft_logprobs` ([num_rows - 1, cols] float32) are the
+    drafts' processed logprobs; None = the server's draft pool (from this request's earlier
+    Draft steps)."""
+
+    first_row: int = 0
+    num_rows: int = 1
+    draft_token_ids: Sequence[int] = ()
+    draft_logprobs: Optional[np.ndarray] = None
+    golden_token_ids: Sequence[int] = ()
+    allowed_token_masks: Sequence[Mask] = ()
+
+    kind = pb.DECODE
+
+    def to_proto(self, msg):
+        self._fill_common(msg)
+        msg.first_row = self.first_row
+        msg.num_rows = self.num_rows
+        msg.draft_token_ids.extend(self.draft_token_ids)
+        if self.draft_logprobs is not None:
+            _inline(msg.draft_logprobs, np.asarray(self.draft_logprobs))
+        msg.golden_token_ids.extend(self.golden_token_ids)
+        msg.allowed_token_masks.extend(_mask_bytes(m) for m in self.allowed_token_masks)
+
+
+@dataclass
+class Draft(_Common):
+    """Samples draft tokens from `rows` (draft index `draft_indices[i]` each); the server keeps
+    their logprobs in its draft pool for the Decode step that verifies them."""
+
+    rows: Sequence[int] = ()
+    draft_indices: Sequence[int] = ()
+    last_valid_offset: int = 0
+    allowed_token_masks: Sequence[Mask] = ()
+
+    kind = pb.DRAFT
+
+    def to_proto(self, msg):
+        self._fill_common(msg)
+        msg.rows.extend(self.rows)
+        msg.draft_indices.extend(self.draft_indices)
+        msg.last_valid_offset = self.last_valid_offset
+        msg.allowed_token_masks.extend(_mask_bytes(m) for m in self.allowed_token_masks)
+
+
+Request = Union[Prefill, Decode, Draft]
+
+_NUMPY_DTYPES = {np.dtype(np.float32): pb.FLOAT32, np.dtype(np.float16): pb.FLOAT16}
+
+
+def _inline(tensor, array: np.ndarray):
+    """Inline bytes: float32 or float16 numpy arrays (bfloat16: pass a torch tensor)."""
+    if array.ndim != 2:
+        raise ValueError(f"logits must be 2-D [rows, cols], got shape {array.shape}")
+    dtype = _NUMPY_DTYPES.get(array.dtype)
+    if dtype is None:
+        raise ValueError(f"inline logits must be float32 or float16, not {array.dtype}")
+    tensor.dtype = dtype
+    tensor.rows, tensor.cols = array.shape
+    tensor.data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+
+
+@dataclass(frozen=True)
+class ShmLogits:
+    """Logits in a registered shm region: a [rows, cols] array from region.ndarray()."""
+
+    region: ShmRegion
+    array: np.ndarray
+
+    def fill(self, tensor):
+        if self.array.ndim != 2 or self.array.dtype not in _NUMPY_DTYPES:
+            raise ValueError("shm logits: a 2-D float32 or float16 view of the region")
+        tensor.dtype = _NUMPY_DTYPES[self.array.dtype]
+        tensor.rows, tensor.cols = self.array.shape
+        tensor.row_stride = self.array.strides[0] // self.array.itemsize
+        tensor.buffer.name = self.region.name
+        tensor.buffer.byte_offset = self.region.byte_offset_of(self.array)
+
+
+_TORCH_DTYPES = {"torch.float32": pb.FLOAT32, "torch.bfloat16": pb.BFLOAT16,
+                 "torch.float16": pb.FLOAT16}
+
+
+@dataclass(frozen=True)
+class CudaLogits:
+    """Logits in a registered CUDA_IPC region: a [rows, cols] view of the registered tensor.
+    `ready_event` is ReadyEvent.record()'s handle (None: the producer stream was synchronised)."""
+
+    region: CudaRegion
+    view: object  # torch.Tensor
+    ready_event: Optional[bytes] = None
+
+    def fill(self, tensor):
+        view = self.view
+        if view.dim() != 2 or view.stride(1) != 1:
+            raise ValueError("cuda logits: a 2-D view with contiguous rows")
+        tensor.dtype = _TORCH_DTYPES[str(view.dtype)]
+        tensor.rows, tensor.cols = view.shape
+        tensor.row_stride = view.stride(0)
+        tensor.buffer.name = self.region.name
+        tensor.buffer.byte_offset = self.region.byte_offset_of(view)
+        if self.ready_event:
+            tensor.ready_event = self.ready_event
+
+
+def _fill_logits(tensor, logits):
+    if isinstance(logits, (ShmLogits, CudaLogits)):
+        logits.fill(tensor)
+    elif isinstance(logits, np.ndarray):
+        _inline(tensor, logits)
+    elif type(logits).__module__.startswith("torch"):
+        if logits.is_cuda:
+            raise ValueError("a CUDA tensor must be registered first (register_cuda_tensor) "
+                             "and sent as CudaLogits")
+        import torch
+
+        t = logits.contiguous()
+        tensor.dtype = _TORCH_DTYPES[str(t.dtype)]
+        tensor.rows, tensor.cols = t.shape
+        tensor.data = t.view(-1).view(torch.uint8).numpy().tobytes()
+    elif isinstance(logits, pb.Tensor):
+        tensor.CopyFrom(logits)
+    else:
+        raise TypeError(f"logits: unsupported type {type(logits).__name__}")
+
+
+def build_step(logits, requests: Sequence[Request], *, step_id: int = 0,
+               vocab_size: Optional[int] = None, force_top_n: int = 0,
+               compute_sum_smaller_probs: bool = False, group_id: str = ""):
+    """A SampleRequest for one step. `vocab_size` defaults to the logits' columns."""
+    if not requests:
+        raise ValueError("a step needs at least one request")
+    kinds = {r.kind for r in requests}
+    if len(kinds) != 1:
+        raise ValueError("one step holds one kind of request (Prefill, Decode or Draft)")
+    msg = pb.SampleRequest(step_id=step_id, group_id=group_id)
+    _fill_logits(msg.logits, logits)
+    msg.inputs.kind = kinds.pop()
+    msg.inputs.vocab_size = vocab_size if vocab_size is not None else msg.logits.cols
+    msg.inputs.force_top_n = force_top_n
+    msg.inputs.compute_sum_smaller_probs = compute_sum_smaller_probs
+    for r in requests:
+        r.to_proto(msg.inputs.requests.add())
+    return msg

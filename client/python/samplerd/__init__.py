@@ -1,0 +1,25 @@
+"""samplerd: the Python client of the samplerd sampling service.
+
+    import samplerd
+    with samplerd.SamplerClient("127.0.0.1:50051") as client:
+        step = client.sample(logits, [samplerd.Prefill("r0", row=0,
+                                      params=samplerd.SamplingParams(temperature=0.7, seed=1))])
+        print(step["r0"].token_ids)
+
+See examples/decode_loop.py for a worker's step loop over shared memory, and samplerd.cuda for
+PyTorch CUDA tensors.
+"""
+from ._proto import pb
+from .client import AsyncSamplerClient, AsyncStepStream, SamplerClient, StepStream
+from .cuda import CudaRegion, ReadyEvent
+from .errors import RequestError, SamplerError
+from .results import RequestResult, StepResult
+from .shm import ShmRegion
+from .step import (CudaLogits, Decode, Draft, Prefill, SamplingParams, ShmLogits, build_step)
+
+__version__ = "0.1.0"
+__all__ = [
+    "pb", "SamplerClient", "AsyncSamplerClient", "StepStream", "AsyncStepStream", "CudaRegion",
+    "ReadyEvent", "SamplerError", "RequestError", "RequestResult", "StepResult", "ShmRegion",
+    "Prefill", "Decode", "Draft", "SamplingParams", "ShmLogits", "CudaLogits", "build_step",
+]

@@ -1,0 +1,173 @@
+"""The Python client against a real samplerd (CPU backend by default): every rpc it wraps,
+inline and shm logits, unary, streaming and asyncio step loops, errors, decoding of results.
+
+Expected values come from numpy (greedy tokens, log_softmax, top-k lists) or from a second
+route to the same step (shm vs inline, stream vs unary): seeded steps are deterministic.
+"""
+import asyncio
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import grpc
+import numpy as np
+import pytest
+
+import samplerd
+from samplerd import Decode, Prefill, SamplingParams
+
+ROWS, VOCAB = 4, 1000
+
+
+def logits(seed, rows=ROWS, vocab=VOCAB):
+    return np.random.default_rng(seed).normal(0, 2, (rows, vocab)).astype(np.float32)
+
+
+def log_softmax(x):
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+def prefill(rows=ROWS, **params):
+    return [Prefill(f"r{i}", row=i, sample_position=7, params=SamplingParams(seed=100 + i, **params))
+            for i in range(rows)]
+
+
+def test_info_health_and_buffers(client):
+    info = client.server_info()
+    assert info.backend in ("cpu", "cuda")
+    assert info.limits.max_top_logprobs >= 20
+    assert client.health() == "SERVING"
+    assert client.health("samplerd.v1.Sampler") == "SERVING"
+    assert client.list_buffers() == []
+
+
+def test_greedy_tokens_and_logprobs_match_numpy(client):
+    x = logits(1)
+    step = client.sample(x, prefill(top_k=1, top_logprobs=0))
+    ref = log_softmax(x)
+    for i, r in enumerate(step):
+        assert r.ok, r
+        assert r.token_ids.tolist() == [int(np.argmax(x[i]))]
+        # top_k = 1 keeps one token: its processed logprob is 0 (SPEC 3.9).
+        assert r.logprobs.tolist() == [0.0]
+    # Temperature 1, no cuts: the top logprobs are numpy's log_softmax top 5, in order.
+    step = client.sample(x, prefill(top_logprobs=5))
+    for i, r in enumerate(step):
+        order = np.argsort(-x[i], kind="stable")[:5]
+        assert r.top_token_ids.shape == (1, 5)
+        assert r.top_token_ids[0].tolist() == order.tolist()
+        np.testing.assert_allclose(r.top_logprobs[0], ref[i][order], atol=1e-5)
+        tok = int(r.token_ids[0])
+        assert math.isclose(float(r.logprobs[0]), ref[i][tok], abs_tol=1e-5)
+
+
+def test_shm_region_gives_the_inline_answer(client):
+    x = logits(2)
+    with samplerd.ShmRegion(2 * x.nbytes) as region:
+        view = region.ndarray(x.shape, np.float32, byte_offset=x.nbytes)  # nonzero offset
+        view[:] = x
+        name = client.register_shm(region)
+        assert [b.name for b in client.list_buffers()] == [name]
+        by_shm = client.sample(samplerd.ShmLogits(region, view), prefill(temperature=0.8, top_p=0.9))
+        inline = client.sample(x, prefill(temperature=0.8, top_p=0.9))
+        assert [r.token_ids.tolist() for r in by_shm] == [r.token_ids.tolist() for r in inline]
+        assert [r.logprobs.tolist() for r in by_shm] == [r.logprobs.tolist() for r in inline]
+        # A view past the region's end never leaves the client.
+        with pytest.raises(ValueError):
+            region.ndarray((ROWS, VOCAB), np.float32, byte_offset=x.nbytes + 4)
+        client.unregister(name)
+        del view
+        with pytest.raises(samplerd.SamplerError) as e:
+            client.unregister(name)
+        assert e.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_stream_and_async_loops_equal_unary(client, server):
+    steps = [logits(10 + s) for s in range(8)]
+    unary = [client.sample(x, prefill(temperature=0.7), step_id=s).token_ids
+             for s, x in enumerate(steps)]
+    with client.stream() as stream:
+        streamed = [stream.step(x, prefill(temperature=0.7), step_id=s).token_ids
+                    for s, x in enumerate(steps)]
+        # Pipelined: all sent, then all received, in order.
+        for s, x in enumerate(steps):
+            stream.send(client.build(x, prefill(temperature=0.7), step_id=s))
+        piped = [stream.recv() for _ in steps]
+    assert [p.step_id for p in piped] == list(range(len(steps)))
+    to_list = lambda a: [[t.tolist() for t in step] for step in a]
+    assert to_list(streamed) == to_list(unary)
+    assert to_list([p.token_ids for p in piped]) == to_list(unary)
+
+    async def run():
+        async with samplerd.AsyncSamplerClient(server.target, timeout=30) as ac:
+            assert await ac.health() == "SERVING"
+            one = [(await ac.sample(x, prefill(temperature=0.7), step_id=s)).token_ids
+                   for s, x in enumerate(steps)]
+            async with ac.stream() as st:
+                two = [(await st.step(x, prefill(temperature=0.7), step_id=s)).token_ids
+                       for s, x in enumerate(steps)]
+            return one, two
+
+    one, two = asyncio.run(run())
+    assert to_list(one) == to_list(unary) and to_list(two) == to_list(unary)
+
+
+def test_errors_carry_the_code_and_field(client):
+    reqs = prefill(2)
+    reqs[1].params.top_p = 1.5
+    step = client.sample(logits(3), reqs)
+    assert step["r0"].ok and step["r0"].token_ids.shape == (1,)
+    assert not step["r1"].ok
+    with pytest.raises(samplerd.RequestError) as e:
+        step["r1"].token_ids
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "top_p" in e.value.message and e.value.request_id == "r1"
+    with pytest.raises(samplerd.RequestError):
+        step.raise_for_errors()
+
+    # A step-level fault: unknown buffer (unary), then the same on a stream, which goes on.
+    bad = client.build(logits(3), prefill())
+    bad.logits.ClearField("data")
+    bad.logits.buffer.name = "no-such-buffer"
+    with pytest.raises(samplerd.SamplerError) as e:
+        client.sample_request(bad)
+    assert e.value.code == grpc.StatusCode.NOT_FOUND and "no-such-buffer" in e.value.message
+    with client.stream() as stream:
+        stream.send(bad)
+        with pytest.raises(samplerd.SamplerError) as e:
+            stream.recv()
+        assert e.value.code == grpc.StatusCode.NOT_FOUND
+        assert stream.step(logits(3), prefill()).raise_for_errors()[0].ok
+
+
+def test_decode_accept_counts(client):
+    # Drafts equal to each row's argmax under greedy verification: all accepted, plus one.
+    rows = 4
+    x = logits(4, rows=rows)
+    drafts = [int(np.argmax(x[j])) for j in range(rows - 1)]
+    draft_lp = log_softmax(x[:rows - 1]).astype(np.float32)
+    req = Decode("d0", first_row=0, num_rows=rows, draft_token_ids=drafts,
+                 draft_logprobs=draft_lp, sample_position=3,
+                 params=SamplingParams(top_k=1, seed=5, top_logprobs=2))
+    r = client.sample(x, [req])["d0"]
+    assert r.num_accepted == rows - 1
+    assert r.token_ids.tolist() == drafts + [int(np.argmax(x[rows - 1]))]
+    assert r.top_token_ids.shape == (rows, 2)
+    # A draft the target cannot produce (removed by top_k = 1) is rejected at once.
+    req.draft_token_ids = [int(np.argmin(x[0]))] + drafts[1:]
+    r = client.sample(x, [req])["d0"]
+    assert r.num_accepted == 0 and r.token_ids.tolist() == [int(np.argmax(x[0]))]
+
+
+def test_example_decode_loop_runs(server):
+    example = pathlib.Path(__file__).resolve().parents[3] / "examples" / "decode_loop.py"
+    lines = [l for l in example.read_text().splitlines() if l.strip() and not l.lstrip().startswith("#")]
+    assert len(lines) < 30, f"the example is {len(lines)} lines of code"
+    out = subprocess.run([sys.executable, str(example), server.target], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "generated 32 tokens" in out.stdout, out.stdout
