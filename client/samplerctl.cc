@@ -3,8 +3,12 @@
 //   samplerctl run-local FILE [--threads=N]       FILE's steps through the CPU backend in-process
 //   samplerctl sample --target=ADDR FILE [--stream]  FILE's steps through a running samplerd
 //   samplerctl info --target=ADDR                  GetServerInfo, as JSON
-//   samplerctl health --target=ADDR [--service=S]  grpc.health.v1 Check: prints SERVING or
+//   samplerctl health --target=ADDR [--service=S] [--live]
+//                                                  grpc.health.v1 Check: prints SERVING or
 //                                                  NOT_SERVING, exits 0 only when SERVING
+//                                                  (--live: whenever the server answers, for
+//                                                  liveness probes that must pass while it
+//                                                  drains)
 //   samplerctl bench --target=ADDR [--streams=1] [--rows=16] [--vocab=129280] [--steps=200]
 //                    [--source=inline|shm|cuda_ipc] [--mode=unary|stream]
 //
@@ -28,14 +32,27 @@ namespace samplerd {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: samplerctl COMMAND ...\n"
-    "  run-local FILE [--threads=N]        run steps in-process on the CPU backend\n"
-    "  sample --target=ADDR FILE [--stream] run steps on a samplerd (unary, or one stream)\n"
-    "  info --target=ADDR                  server info as JSON\n"
-    "  health --target=ADDR [--service=S]  SERVING / NOT_SERVING (exit 0 only when serving)\n"
-    "  bench --target=ADDR [--streams=1] [--rows=16] [--vocab=129280] [--steps=200]\n"
-    "        [--source=inline|shm|cuda_ipc] [--mode=unary|stream]\n"
-    "FILE: protobuf JSON, one SampleRequest, an array, or {\"steps\": [...]}; - = stdin\n";
+    "usage: samplerctl COMMAND [FLAGS] [FILE]\n"
+    "commands:\n"
+    "  run-local FILE      run FILE's steps in-process on the CPU backend (no server)\n"
+    "  sample FILE         run FILE's steps on a samplerd (unary calls, or one stream)\n"
+    "  info                GetServerInfo, as JSON\n"
+    "  health              grpc.health.v1 Check: prints SERVING / NOT_SERVING\n"
+    "  bench               a load run: latency percentiles and steps/s\n"
+    "flags (default in brackets):\n"
+    "  --target=ADDR       [127.0.0.1:50051] samplerd's address (host:port or unix:/path);\n"
+    "                      sample, info, health, bench\n"
+    "  --timeout_ms=N      [30000] deadline of each unary call; sample, info, health\n"
+    "  --threads=N         [0 = all cores] CPU backend threads; run-local\n"
+    "  --stream            [off] send FILE's steps on one SampleStream; sample\n"
+    "  --service=S         [\"\"] the health service name (\"\" = the server as a whole, or\n"
+    "                      samplerd.v1.Sampler); health\n"
+    "  --live              [off] exit 0 whenever the server answers, SERVING or NOT_SERVING\n"
+    "                      (for liveness probes, which must pass while it drains); health\n"
+    "  --streams=N [1] --rows=N [16] --vocab=N [129280] --steps=N [200] --warmup=N [10]\n"
+    "  --source=inline|shm|cuda_ipc [inline] --mode=unary|stream [unary]; bench\n"
+    "FILE: protobuf JSON, one SampleRequest, an array, or {\"steps\": [...]}; - = stdin\n"
+    "exit status: 0 success, 1 failure (reason on stderr), 2 bad usage\n";
 
 // --name=value flags and positional arguments of one command.
 struct Args {
@@ -99,12 +116,14 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
+constexpr char kDefaultTarget[] = "127.0.0.1:50051";  // samplerd's default --listen
+
 std::unique_ptr<SamplerClient> ConnectOrNull(const Args& args) {
-  if (!args.Has("target")) {
-    std::cerr << "samplerctl: --target=ADDR is required\n";
-    return nullptr;
-  }
-  auto client = SamplerClient::Connect(args.Get("target"));
+  ClientOptions options;
+  int timeout_ms = static_cast<int>(options.timeout.count());
+  if (!IntFlag(args, "timeout_ms", &timeout_ms)) return nullptr;
+  options.timeout = std::chrono::milliseconds(timeout_ms);
+  auto client = SamplerClient::Connect(args.Get("target", kDefaultTarget), options);
   if (!client.ok()) {
     Fail(client.status());
     return nullptr;
@@ -177,7 +196,7 @@ int Health(const Args& args) {
   auto serving = client->IsServing(args.Get("service"));
   if (!serving.ok()) return Fail(serving.status());
   std::cout << (*serving ? "SERVING" : "NOT_SERVING") << "\n";
-  return *serving ? 0 : 1;
+  return *serving || args.Has("live") ? 0 : 1;
 }
 
 int Bench(const Args& args) {

@@ -279,7 +279,8 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  absl::SetProgramUsageMessage("samplerd: the samplerd sampling server");
+  absl::SetProgramUsageMessage(
+      "the samplerd sampling server (gRPC; default: the CPU backend on 127.0.0.1:50051)");
   // `--help` lists this file's flags (Abseil's default looks for a file named after the
   // program, and found none: "No flags matched").
   absl::FlagsUsageConfig usage;
