@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Runs every samplerd test that needs no GPU (tests tagged `gpu` run on the GPU machine).
-# Installs what it needs first. Three stages:
+# Installs what it needs first. Four stages:
 #   1. bazel build //... (the gpu-tagged targets too, where the CUDA toolkit exists), then
 #      bazel test //... --test_tag_filters=-gpu;
-#   2. the same tests again under AddressSanitizer + UndefinedBehaviorSanitizer
+#   2. Python: the client's tests (client/python/tests, xgrammar included) against the
+#      samplerd just built, and the deploy/ checks (render, kubernetes-validate, checkov), each
+#      in a venv of pinned PyPI packages (scripts/pyvenv.sh; skip with SAMPLERD_SKIP_PYTHON=1);
+#   3. the Bazel tests again under AddressSanitizer + UndefinedBehaviorSanitizer
 #      (--config=asan; skip with SAMPLERD_SKIP_ASAN=1);
-#   3. a short libFuzzer run of each fuzz target (scripts/fuzz.sh all 30; skip with
+#   4. a short libFuzzer run of each fuzz target (scripts/fuzz.sh all 30; skip with
 #      SAMPLERD_SKIP_FUZZ=1).
 # Ends with "N passed, N failed" (test cases, from the test XML of each target; a target that
 # fails to build or run counts as one failure; each fuzz target counts as one) and exits
@@ -52,12 +55,47 @@ run_suite() {
   return "$rc"
 }
 
+# Runs pytest in the venv of a requirements file and counts its test cases (skipped ones count
+# as neither). $1: the requirements file; $2: a command run in the venv first (or ""); the rest:
+# pytest's arguments. Returns pytest's rc.
+py_suite() {
+  local req=$1 setup=$2 venv xml rc tests fails errors skipped
+  shift 2
+  if ! venv=$(bash scripts/pyvenv.sh "$req"); then
+    echo "py_suite: could not build the venv for $req"; failed=$((failed + 1)); return 1
+  fi
+  if [[ -n $setup ]] && ! PATH="$venv/bin:$PATH" bash -c "$setup"; then
+    echo "py_suite: '$setup' failed"; failed=$((failed + 1)); return 1
+  fi
+  xml=$(mktemp --suffix=.xml)
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider --junitxml="$xml" "$@"
+  rc=$?
+  tests=$(grep -o '<testsuite [^>]*' "$xml" | grep -o ' tests="[0-9]*"' | grep -o '[0-9]*' | head -1)
+  fails=$(grep -o '<testsuite [^>]*' "$xml" | grep -o ' failures="[0-9]*"' | grep -o '[0-9]*' | head -1)
+  errors=$(grep -o '<testsuite [^>]*' "$xml" | grep -o ' errors="[0-9]*"' | grep -o '[0-9]*' | head -1)
+  skipped=$(grep -o '<testsuite [^>]*' "$xml" | grep -o ' skipped="[0-9]*"' | grep -o '[0-9]*' | head -1)
+  tests=${tests:-0}; fails=${fails:-0}; errors=${errors:-0}; skipped=${skipped:-0}
+  passed=$((passed + tests - fails - errors - skipped))
+  failed=$((failed + fails + errors))
+  if [[ $rc -ne 0 && $((fails + errors)) -eq 0 ]]; then failed=$((failed + 1)); fi
+  rm -f "$xml"
+  return "$rc"
+}
+
 rc=0
 # Everything builds first, the gpu-tagged tests and benchmarks included (where the CUDA toolkit
 # is present): CI compiles them; they run on the GPU machine (scripts/gpu_check.sh).
 bazel build //... 2>&1 | tail -3
 if [[ ${PIPESTATUS[0]} -ne 0 ]]; then echo "bazel build //... failed"; rc=1; failed=$((failed + 1)); fi
 run_suite || rc=1
+if [[ ${SAMPLERD_SKIP_PYTHON:-} != 1 ]]; then
+  echo "=== Python: the client against a real samplerd (CPU backend), then the deploy/ checks"
+  # The client is installed the way a user installs it (its build compiles the .proto).
+  py_suite client/python/tests/requirements.txt \
+    "pip install -q --disable-pip-version-check --force-reinstall --no-deps ./client/python" \
+    client/python/tests || rc=1
+  py_suite deploy/tests/requirements.txt "" deploy/tests || rc=1
+fi
 if [[ ${SAMPLERD_SKIP_ASAN:-} != 1 ]]; then
   echo "=== the same tests under AddressSanitizer + UndefinedBehaviorSanitizer (--config=asan)"
   run_suite --config=asan || rc=1

@@ -121,7 +121,24 @@ TEST(Reflection, ListsServicesAndCallsSampleFromJson) {
   // resolves it this way.
   google::protobuf::DescriptorPool health_pool;
   ASSERT_TRUE(client.LoadSymbol("grpc.health.v1.Health", &health_pool));
-  EXPECT_NE(health_pool.FindMethodByName("grpc.health.v1.Health.Check"), nullptr);
+  const auto* check = health_pool.FindMethodByName("grpc.health.v1.Health.Check");
+  ASSERT_NE(check, nullptr);
+  {
+    // ... and called as grpcurl calls it: messages built from the reflected descriptors,
+    // the answer printed as JSON (`{"status": "SERVING"}`).
+    google::protobuf::DynamicMessageFactory health_factory(&health_pool);
+    std::unique_ptr<google::protobuf::Message> check_request(
+        health_factory.GetPrototype(check->input_type())->New());
+    std::unique_ptr<google::protobuf::Message> check_response(
+        health_factory.GetPrototype(check->output_type())->New());
+    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage("{}", check_request.get()).ok());
+    const grpc::Status status = GenericUnaryCall(channel.get(), "/grpc.health.v1.Health/Check",
+                                                 *check_request, check_response.get());
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    std::string json;
+    ASSERT_TRUE(google::protobuf::util::MessageToJsonString(*check_response, &json).ok());
+    EXPECT_EQ(json, R"({"status":"SERVING"})");
+  }
 
   google::protobuf::DescriptorPool pool;
   ASSERT_TRUE(client.LoadSymbol("samplerd.v1.Sampler", &pool));
