@@ -20,5 +20,9 @@ rm -rf .device-pack
 ../shared/tools/device-pack .device-pack bazel-bin/cuda/cuda_backend_test bazel-bin/bench/gpu_bench \
   bazel-bin/server/samplerd bazel-bin/client/samplerctl bazel-bin/tests/fake_worker \
   bazel-bin/tests/cuda_ipc_worker
-# The service's descriptors, for the PyTorch worker (tests/torch_ipc_worker.py).
-cp bazel-bin/proto/samplerd/v1/sampler.desc .device-pack/
+# The Python client as a wheel, and pytest (the GPU machine has torch, grpcio, protobuf and
+# numpy, but no PyPI), for its CUDA tensor test (client/python/tests/test_cuda.py).
+venv=$(bash scripts/pyvenv.sh client/python/tests/requirements.txt)
+"$venv/bin/pip" wheel -q --disable-pip-version-check --no-deps -w .device-pack/wheels ./client/python
+"$venv/bin/pip" download -q --disable-pip-version-check --no-deps -d .device-pack/wheels \
+  pytest pluggy iniconfig packaging

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine (after scripts/gpu_check.sh packed .device-pack): samplerd with
-# --backend=auto (CUDA there) and a second samplerd on the CPU backend as the reference;
-# GetServerInfo, the example step, the two fake workers with logits in GPU memory
-# (tests/cuda_ipc_worker: cudaMalloc + IPC event; tests/torch_ipc_worker.py: a PyTorch tensor
-# through _share_cuda_()), and `samplerctl bench` with R = 16, V = 129,280: logits in a
+# --backend=auto (CUDA there);
+# GetServerInfo, the example step, the two workers with logits in GPU memory
+# (tests/cuda_ipc_worker: cudaMalloc + IPC event; the Python client's test_cuda.py: a PyTorch
+# tensor registered with register_cuda_tensor, per-step ReadyEvent; it starts its own two
+# samplerds), and `samplerctl bench` with R = 16, V = 129,280: logits in a
 # registered CUDA IPC region, a registered shm region and inline, unary and streaming.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,15 +18,18 @@ start() {  # start NAME ARGS...: a samplerd whose address lands in $dir/NAME.add
 }
 start gpu --log_level=info
 gpu_pid=$!
-start cpu --backend=cpu --log_level=warning
-cpu_pid=$!
 target=$(cat "$dir/gpu.addr")
 status=0
 .device-pack/bin/samplerctl info --target="$target" | head -5
 .device-pack/bin/samplerctl sample --target="$target" examples/prefill.json | grep -A2 tokenIds | head -6
 .device-pack/bin/cuda_ipc_worker --target="$target" || { echo "cuda_ipc_worker FAILED"; status=1; }
-PYTHONUNBUFFERED=1 python3 tests/torch_ipc_worker.py --target="$target" --reference="$(cat "$dir/cpu.addr")" \
-  --descriptors=.device-pack/sampler.desc || { echo "torch_ipc_worker FAILED"; status=1; }
+pylib=$dir/pylib
+python3 -m pip install -q --no-index --find-links=.device-pack/wheels --target="$pylib" --no-deps \
+  samplerd pytest pluggy iniconfig packaging
+# The whole client suite against the CUDA backend (xgrammar is not installed there: skipped).
+PYTHONPATH=$pylib SAMPLERD_BIN=.device-pack/bin/samplerd SAMPLERD_TEST_BACKEND=cuda \
+  python3 -m pytest -q -s -p no:cacheprovider client/python/tests \
+  || { echo "client/python/tests FAILED"; status=1; }
 for source in cuda_ipc shm; do
   for mode in unary stream; do
     .device-pack/bin/samplerctl bench --target="$target" --rows=16 --vocab=129280 --steps=500 \
@@ -33,5 +37,5 @@ for source in cuda_ipc shm; do
   done
 done
 .device-pack/bin/samplerctl bench --target="$target" --rows=16 --vocab=129280 --steps=100 --source=inline --mode=stream
-kill -TERM $gpu_pid $cpu_pid; wait $gpu_pid; echo "samplerd exit $?"
+kill -TERM $gpu_pid; wait $gpu_pid; echo "samplerd exit $?"
 exit $status

@@ -10,7 +10,9 @@ The storage's handle is PyTorch's own (`UntypedStorage._share_cuda_()`: version 
 the cudaIpcMemHandle_t of the caching allocator's block, and the storage's offset in that
 block), which samplerd accepts as is. PyTorch's expandable segments
 (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`) have no such handle: samplerd refuses them
-naming the setting.
+naming the setting. At exit PyTorch may warn "Producer process has been terminated before all
+shared CUDA tensors released": its reference counter expects a PyTorch consumer, and samplerd
+(not one) keeps the mapping only until UnregisterBuffer; unregister before freeing the tensor.
 """
 from dataclasses import dataclass
 

@@ -16,13 +16,13 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 
 
 class Server:
-    def __init__(self, tmp: pathlib.Path, *flags):
+    def __init__(self, tmp: pathlib.Path, *flags, backend=None):
         binary = os.environ.get("SAMPLERD_BIN", str(REPO / "bazel-bin" / "server" / "samplerd"))
         if not os.path.exists(binary):
             raise RuntimeError(f"{binary} not found: build //server:samplerd first")
         port_file = tmp / "port"
         self.log = open(tmp / "samplerd.log", "w+")
-        backend = os.environ.get("SAMPLERD_TEST_BACKEND", "cpu")
+        backend = backend or os.environ.get("SAMPLERD_TEST_BACKEND", "cpu")
         self.proc = subprocess.Popen(
             [binary, "--listen=127.0.0.1:0", f"--port_file={port_file}", f"--backend={backend}",
              "--threads=2", *flags], stdout=self.log, stderr=subprocess.STDOUT)
