@@ -17,28 +17,11 @@
 #include "sampler/range_allocator.h"
 #include "sampler/row_processor.h"
 #include "sampler/status_macros.h"
+#include "cuda/cuda_status.h"
 #include "sampler/step_assembly.h"
 
 namespace samplerd {
 namespace {
-
-// cudaError_t -> absl::Status, in one place.
-absl::Status CudaStatus(cudaError_t error, const char* what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  const absl::StatusCode code =
-      (error == cudaErrorNoDevice || error == cudaErrorInsufficientDriver ||
-       error == cudaErrorDevicesUnavailable)
-          ? absl::StatusCode::kUnavailable
-          : absl::StatusCode::kInternal;
-  return absl::Status(code, absl::StrCat(what, ": ", cudaGetErrorName(error), " (",
-                                         cudaGetErrorString(error), ")"));
-}
-
-#define SAMPLERD_CUDA_RETURN(call)                                  \
-  do {                                                              \
-    const absl::Status _cuda_status = CudaStatus((call), #call);    \
-    if (!_cuda_status.ok()) return _cuda_status;                    \
-  } while (false)
 
 // A grow-only allocation of device (cudaMalloc) or pinned host (cudaMallocHost) memory.
 template <cudaError_t (*kAlloc)(void**, size_t), cudaError_t (*kFree)(void*)>

@@ -10,16 +10,20 @@ if [[ ${1:-} == run ]]; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   status=0
   .device-pack/bin/cuda_backend_test || status=$?
+  .device-pack/bin/nccl_group_test || status=$?
   .device-pack/bin/gpu_bench || status=$?
   python3 bench/torch_baseline.py || status=$?
   exit $status
 fi
-bazel build -c opt //cuda:cuda_backend_test //bench:gpu_bench //server:samplerd //client:samplerctl //tests:fake_worker //tests:cuda_ipc_worker //proto:sampler_descriptor_set
+bazel build -c opt //cuda:cuda_backend_test //cuda:nccl_group_test //bench:gpu_bench \
+  //server:samplerd //client:samplerctl //tests:fake_worker //tests:cuda_ipc_worker \
+  //tests:multi_gpu_group_test //tests:group_follower //bench:group_bench
 grep -qx '/.device-pack/' .git/info/exclude 2>/dev/null || echo '/.device-pack/' >> .git/info/exclude
 rm -rf .device-pack
 ../shared/tools/device-pack .device-pack bazel-bin/cuda/cuda_backend_test bazel-bin/bench/gpu_bench \
   bazel-bin/server/samplerd bazel-bin/client/samplerctl bazel-bin/tests/fake_worker \
-  bazel-bin/tests/cuda_ipc_worker
+  bazel-bin/tests/cuda_ipc_worker bazel-bin/cuda/nccl_group_test \
+  bazel-bin/tests/multi_gpu_group_test bazel-bin/tests/group_follower bazel-bin/bench/group_bench
 # The Python client as a wheel, and pytest (the GPU machine has torch, grpcio, protobuf and
 # numpy, but no PyPI), for its CUDA tensor test (client/python/tests/test_cuda.py).
 venv=$(bash scripts/pyvenv.sh client/python/tests/requirements.txt)

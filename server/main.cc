@@ -31,8 +31,10 @@
 #ifdef SAMPLERD_WITH_CUDA
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_ipc.h"
+#include "cuda/nccl_transport.h"
 #endif
 #include "server/buffer_registry.h"
+#include "server/group_registry.h"
 #include "server/metrics.h"
 #include "server/sampler_service.h"
 
@@ -76,6 +78,12 @@ ABSL_FLAG(int, shutdown_deadline_ms, 10000, "then answer accepted steps for at m
 ABSL_FLAG(std::string, port_file, "",
           "once serving, write the bound gRPC port and the metrics port (0 = off), one a line");
 ABSL_FLAG(std::string, log_level, "info", "trace | debug | info | warn | error");
+ABSL_FLAG(int, max_groups, 16,
+          "most context-parallel groups at once (CUDA backend; CreateGroup beyond it: "
+          "RESOURCE_EXHAUSTED)");
+ABSL_FLAG(int64_t, max_group_logits_bytes, int64_t{1} << 30,
+          "largest NCCL logits receive buffer a group may ask for (CreateGroup's "
+          "max_logits_bytes; device memory, allocated at CreateGroup)");
 
 namespace samplerd {
 namespace {
@@ -191,7 +199,27 @@ int Serve() {
   options.limits.max_force_top_n = absl::GetFlag(FLAGS_max_force_top_n);
   options.max_queued_steps = absl::GetFlag(FLAGS_max_queued_steps);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
-  SamplerService service(*backend, registry, **metrics, options, RandomSeedSource());
+  // Context-parallel groups: NCCL on the CUDA backend; none on the CPU backend.
+  std::unique_ptr<GroupTransport> group_transport;
+#ifdef SAMPLERD_WITH_CUDA
+  if (device_memory != nullptr) {
+    auto nccl = NcclTransport::Create(absl::GetFlag(FLAGS_cuda_device));
+    if (nccl.ok()) {
+      group_transport = std::move(*nccl);
+    } else {
+      spdlog::warn("context-parallel groups are off: {}", nccl.status().ToString());
+    }
+  }
+#endif
+  GroupRegistry::Options group_options;
+  group_options.max_groups = absl::GetFlag(FLAGS_max_groups);
+  group_options.max_logits_bytes = absl::GetFlag(FLAGS_max_group_logits_bytes);
+  Metrics* metrics_ptr = metrics->get();
+  GroupRegistry groups(group_transport.get(), group_options,
+                       [metrics_ptr](const std::string&, const std::string&) {
+                         metrics_ptr->CountGroupFailure();
+                       });
+  SamplerService service(*backend, registry, groups, **metrics, options, RandomSeedSource());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -257,6 +285,8 @@ int Serve() {
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(absl::GetFlag(FLAGS_shutdown_deadline_ms)));
   server->Wait();
+  // Groups last: steps that held one have been answered; followers get a closing packet.
+  groups.Shutdown(absl::Seconds(2));
   spdlog::info("samplerd stopped: {} steps read, {} answered", service.steps_read(),
                service.steps_answered());
   return 0;

@@ -56,6 +56,12 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
                            .Help("Registered logits regions")
                            .Register(registry)
                            .Add({});
+  metrics->group_failures_ =
+      &prometheus::BuildCounter()
+           .Name("samplerd_group_failures_total")
+           .Help("Context-parallel groups aborted (error, missed deadline or join timeout)")
+           .Register(registry)
+           .Add({});
   if (!address.empty()) {
     try {
       metrics->exposer_ = std::make_unique<prometheus::Exposer>(address);
@@ -86,5 +92,7 @@ void Metrics::CountError(absl::StatusCode code) {
 void Metrics::AddInFlight(double delta) { in_flight_->Increment(delta); }
 
 void Metrics::SetRegisteredBuffers(int count) { buffers_->Set(count); }
+
+void Metrics::CountGroupFailure() { group_failures_->Increment(); }
 
 }  // namespace samplerd

@@ -5,7 +5,9 @@
 //
 // Families: samplerd_step_seconds{kind} (histogram), samplerd_rows_total{kind},
 // samplerd_requests_total{kind}, samplerd_errors_total{code} (step and request faults),
-// samplerd_steps_in_flight, samplerd_registered_buffers. Thread-safe.
+// samplerd_steps_in_flight, samplerd_registered_buffers, samplerd_group_failures_total
+// (context-parallel groups aborted after an error, a missed deadline or a join timeout).
+// Thread-safe.
 #ifndef SAMPLERD_SERVER_METRICS_H_
 #define SAMPLERD_SERVER_METRICS_H_
 
@@ -44,6 +46,7 @@ class Metrics final {
   void CountError(absl::StatusCode code);
   void AddInFlight(double delta);
   void SetRegisteredBuffers(int count);
+  void CountGroupFailure();
   // The bound HTTP port, or 0 when not serving.
   int port() const { return port_; }
 
@@ -59,6 +62,7 @@ class Metrics final {
   prometheus::Family<prometheus::Counter>* errors_ = nullptr;
   prometheus::Gauge* in_flight_ = nullptr;
   prometheus::Gauge* buffers_ = nullptr;
+  prometheus::Counter* group_failures_ = nullptr;
   absl::Mutex mu_;  // guards adding labelled children to errors_
 };
 

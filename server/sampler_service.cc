@@ -5,6 +5,8 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "sampler/extent.h"
+#include "sampler/group_packet.h"
 #include "server/grpc_status_util.h"
 #include "server/proto_convert.h"
 
@@ -35,12 +37,101 @@ class Admission {
   bool ok_;
 };
 
+// The tensors of a step's logits that come over NCCL (the logits, or some of its shards), with
+// the field naming each.
+std::vector<std::pair<const v1::Tensor*, std::string>> NcclTensors(const v1::Tensor& logits) {
+  std::vector<std::pair<const v1::Tensor*, std::string>> out;
+  if (logits.has_nccl()) out.emplace_back(&logits, "logits");
+  for (int i = 0; i < logits.shards_size(); ++i) {
+    if (logits.shards(i).has_nccl()) {
+      out.emplace_back(&logits.shards(i), absl::StrCat("logits.shards[", i, "]"));
+    }
+  }
+  return out;
+}
+
+// Resolves a step's NCCL tensors to the bytes its group already received; everything else
+// goes to the buffer registry.
+class StepResolver final : public LogitsSourceResolver {
+ public:
+  struct Received {
+    const void* data;
+    bool on_device;
+  };
+  StepResolver(LogitsSourceResolver& base, std::map<const v1::Tensor*, Received> received)
+      : base_(base), received_(std::move(received)) {}
+
+  absl::StatusOr<const void*> Resolve(const v1::Tensor& tensor, int64_t byte_extent,
+                                      const std::string& field, bool* on_device,
+                                      std::shared_ptr<const void>* lease,
+                                      std::function<absl::Status()>* verify) override {
+    if (tensor.source_case() != v1::Tensor::kNccl) {
+      return base_.Resolve(tensor, byte_extent, field, on_device, lease, verify);
+    }
+    auto it = received_.find(&tensor);
+    if (it == received_.end()) {  // not reached: every NCCL tensor was received first
+      return absl::InternalError(absl::StrCat(field, ": NCCL logits were not received"));
+    }
+    *on_device = it->second.on_device;
+    return it->second.data;
+  }
+  absl::StatusOr<const void*> ResolveReadyEvent(const std::string& handle,
+                                                const std::string& field,
+                                                std::shared_ptr<const void>* lease) override {
+    return base_.ResolveReadyEvent(handle, field, lease);
+  }
+
+ private:
+  LogitsSourceResolver& base_;
+  const std::map<const v1::Tensor*, Received> received_;
+};
+
+// Receives a step's NCCL tensors, in order, into its group's buffer.
+absl::StatusOr<std::map<const v1::Tensor*, StepResolver::Received>> ReceiveNcclLogits(
+    const v1::SampleRequest& request, GroupStep& group) {
+  std::map<const v1::Tensor*, StepResolver::Received> received;
+  for (const auto& [tensor, field] : NcclTensors(request.logits())) {
+    if (tensor->nccl().group_id() != group.group_id()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".nccl.group_id: '", tensor->nccl().group_id(),
+                       "' is not the step's group '", group.group_id(), "'"));
+    }
+    const DType dtype = tensor->dtype() == v1::BFLOAT16  ? DType::kBFloat16
+                        : tensor->dtype() == v1::FLOAT16 ? DType::kFloat16
+                                                         : DType::kFloat32;
+    const int64_t stride = tensor->row_stride() == 0 ? tensor->cols() : tensor->row_stride();
+    auto bytes = TensorByteExtent(tensor->rows(), tensor->cols(), stride, DTypeSize(dtype), field);
+    if (!bytes.ok() || tensor->dtype() == v1::DTYPE_UNSPECIFIED) {
+      // The sender's send can never be matched by a receive of the right size.
+      const absl::Status status =
+          bytes.ok() ? absl::InvalidArgumentError(absl::StrCat(field, ".dtype: unspecified"))
+                     : bytes.status();
+      group.FailGroup(absl::StrCat("a step's NCCL logits were malformed: ", status.message()));
+      return status;
+    }
+    bool on_device = false;
+    auto data = group.ReceiveLogits(*bytes, tensor->nccl().src_rank(), field, &on_device);
+    if (!data.ok()) return data.status();
+    received[tensor] = {*data, on_device};
+  }
+  return received;
+}
+
 }  // namespace
 
-SamplerService::SamplerService(Backend& backend, BufferRegistry& registry, Metrics& metrics,
-                               const ServiceOptions& options, SeedSource seed_source)
+struct SamplerService::StepStats {
+  Clock::time_point computed, done;
+  Clock::time_point group_receive_end;  // when the step's NCCL receives completed
+  int64_t rows = 0;
+  StepKind kind = StepKind::kPrefill;
+};
+
+SamplerService::SamplerService(Backend& backend, BufferRegistry& registry, GroupRegistry& groups,
+                               Metrics& metrics, const ServiceOptions& options,
+                               SeedSource seed_source)
     : backend_(backend),
       registry_(registry),
+      groups_(groups),
       metrics_(metrics),
       options_(options),
       seed_source_(std::move(seed_source)) {}
@@ -50,41 +141,47 @@ absl::Status SamplerService::RunStep(const v1::SampleRequest& request,
                                      v1::SampleResponse* response) {
   const Clock::time_point start = Clock::now();
   if (draining_.load()) return absl::UnavailableError("samplerd is shutting down");
-  Admission admission(admitted_, options_.max_queued_steps);
-  if (!admission.ok()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "samplerd is busy: ", options_.max_queued_steps, " steps are already queued"));
-  }
-  metrics_.AddInFlight(1);
-  auto converted = StepFromProto(request, &registry_, options_.request_memory);
-  if (converted.ok()) (*converted)->step.pool_scope = pool_scope;
-  absl::StatusOr<StepResult> result;
-  Clock::time_point computed = start, done = start;
-  int64_t rows = 0;  // logits rows the step samples or reads for prompt logprobs
-  if (converted.ok()) {
-    auto plan = PlanConvertedStep(**converted, options_.limits, seed_source_);
-    if (plan.ok()) {
-      for (size_t i = 0; i < plan->requests.size(); ++i) {
-        if (!plan->requests[i].status.ok()) continue;
-        rows += static_cast<int64_t>(plan->requests[i].sampled_rows.size() +
-                                     (*converted)->step.requests[i].prompt_targets.size());
-      }
-      absl::MutexLock lock(&backend_mu_);
-      computed = Clock::now();
-      result = backend_.Sample(*plan);
-      done = Clock::now();
-      // A registered shm object truncated while the backend read it: its answers rest on
-      // zero pages, so the step fails (the SIGBUS handler kept the server alive).
-      if (result.ok()) {
-        if (absl::Status intact = (*converted)->VerifyAfterRead(); !intact.ok()) result = intact;
-      }
-    } else {
-      result = plan.status();
+  // The step's group: the one it broadcasts to (group_id), else the one its NCCL logits come
+  // from. Its turn comes first: receives, compute and broadcast happen inside it.
+  const auto nccl = NcclTensors(request.logits());
+  const bool broadcasts = !request.group_id().empty();
+  const std::string group_id =
+      broadcasts ? request.group_id() : (nccl.empty() ? "" : nccl[0].first->nccl().group_id());
+  std::unique_ptr<GroupStep> group;
+  if (!group_id.empty()) {
+    auto turn = groups_.BeginStep(group_id, broadcasts ? "group_id" : nccl[0].second + ".nccl.group_id");
+    if (!turn.ok()) {
+      metrics_.CountError(turn.status().code());
+      spdlog::warn("step {} failed: {}", request.step_id(), turn.status().ToString());
+      return turn.status();
     }
-  } else {
-    result = converted.status();
+    group = std::move(*turn);
   }
-  metrics_.AddInFlight(-1);
+  const Clock::time_point turn_taken = Clock::now();
+  StepStats stats;
+  stats.computed = stats.done = stats.group_receive_end = turn_taken;
+  absl::StatusOr<StepResult> result = ComputeStep(request, pool_scope, group.get(), &stats);
+  Clock::duration group_time = turn_taken - start;
+  if (broadcasts) {
+    // Every step that held a READY group broadcasts exactly one packet, so followers stay in
+    // step with the driver: its results, or its error.
+    const int64_t max_tokens = group->max_step_tokens();
+    std::vector<int32_t> words;
+    if (result.ok()) {
+      auto packed = PackStepResult(*result, max_tokens);
+      if (packed.ok()) {
+        words = std::move(*packed);
+      } else {
+        result = packed.status();
+      }
+    }
+    if (!result.ok()) words = PackStepError(request.step_id(), result.status(), max_tokens);
+    const Clock::time_point broadcast_start = Clock::now();
+    absl::Status sent = group->Broadcast(words);
+    group_time += Clock::now() - broadcast_start;
+    if (!sent.ok() && result.ok()) result = sent;
+  }
+  group.reset();
   if (!result.ok()) {
     metrics_.CountError(result.status().code());
     spdlog::warn("step {} failed: {}", request.step_id(), result.status().ToString());
@@ -93,9 +190,15 @@ absl::Status SamplerService::RunStep(const v1::SampleRequest& request,
   ResultToProto(*result, response);
   const Clock::time_point end = Clock::now();
   v1::StepTiming* timing = response->mutable_timing();
-  timing->set_queue_us(Micros(computed - start));
-  timing->set_compute_us(Micros(done - computed));
+  timing->set_queue_us(Micros(stats.computed - start));
+  timing->set_compute_us(Micros(stats.done - stats.computed));
   timing->set_total_us(Micros(end - start));
+  // The receives happen inside ComputeStep, between the turn and the backend.
+  if (group_id.empty()) {
+    timing->set_group_us(0);
+  } else {
+    timing->set_group_us(Micros(group_time + (stats.group_receive_end - turn_taken)));
+  }
   for (const RequestResult& r : result->results) {
     if (!r.status.ok()) {
       metrics_.CountError(r.status.code());
@@ -103,12 +206,61 @@ absl::Status SamplerService::RunStep(const v1::SampleRequest& request,
                     r.status.ToString());
     }
   }
-  metrics_.ObserveStep((*converted)->step.kind, std::chrono::duration<double>(end - start).count(),
-                       rows, static_cast<int64_t>(result->results.size()));
+  metrics_.ObserveStep(stats.kind, std::chrono::duration<double>(end - start).count(), stats.rows,
+                       static_cast<int64_t>(result->results.size()));
   spdlog::debug("step {} {}: {} requests, queue {} us, compute {} us", request.step_id(),
-                StepKindName((*converted)->step.kind), result->results.size(), timing->queue_us(),
+                StepKindName(stats.kind), result->results.size(), timing->queue_us(),
                 timing->compute_us());
   return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> SamplerService::ComputeStep(const v1::SampleRequest& request,
+                                                       const std::string& pool_scope,
+                                                       GroupStep* group, StepStats* stats) {
+  // NCCL logits first, before anything can refuse the step: the sender has posted its send,
+  // and the group's next receive must not find it.
+  std::map<const v1::Tensor*, StepResolver::Received> received;
+  if (group != nullptr) {
+    auto got = ReceiveNcclLogits(request, *group);
+    stats->group_receive_end = Clock::now();
+    if (!got.ok()) return got.status();
+    received = std::move(*got);
+  }
+  Admission admission(admitted_, options_.max_queued_steps);
+  if (!admission.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "samplerd is busy: ", options_.max_queued_steps, " steps are already queued"));
+  }
+  metrics_.AddInFlight(1);
+  struct InFlight {
+    Metrics& metrics;
+    ~InFlight() { metrics.AddInFlight(-1); }
+  } in_flight{metrics_};
+  StepResolver resolver(registry_, std::move(received));
+  auto converted = StepFromProto(request, &resolver, options_.request_memory);
+  if (!converted.ok()) return converted.status();
+  (*converted)->step.pool_scope = pool_scope;
+  stats->kind = (*converted)->step.kind;
+  auto plan = PlanConvertedStep(**converted, options_.limits, seed_source_);
+  if (!plan.ok()) return plan.status();
+  for (size_t i = 0; i < plan->requests.size(); ++i) {
+    if (!plan->requests[i].status.ok()) continue;
+    stats->rows += static_cast<int64_t>(plan->requests[i].sampled_rows.size() +
+                                        (*converted)->step.requests[i].prompt_targets.size());
+  }
+  absl::StatusOr<StepResult> result;
+  {
+    absl::MutexLock lock(&backend_mu_);
+    stats->computed = Clock::now();
+    result = backend_.Sample(*plan);
+    stats->done = Clock::now();
+  }
+  // A registered shm object truncated while the backend read it: its answers rest on zero
+  // pages, so the step fails (the SIGBUS handler kept the server alive).
+  if (result.ok()) {
+    if (absl::Status intact = (*converted)->VerifyAfterRead(); !intact.ok()) return intact;
+  }
+  return result;
 }
 
 std::string SamplerService::PoolScope(const grpc::ServerContext& context) {
@@ -185,16 +337,33 @@ grpc::Status SamplerService::ListBuffers(grpc::ServerContext*, const v1::ListBuf
   return grpc::Status::OK;
 }
 
-grpc::Status SamplerService::CreateGroup(grpc::ServerContext*, const v1::CreateGroupRequest*,
-                                         v1::CreateGroupResponse*) {
-  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                      "CreateGroup: context-parallel NCCL groups are not built yet");
+grpc::Status SamplerService::CreateGroup(grpc::ServerContext*,
+                                         const v1::CreateGroupRequest* request,
+                                         v1::CreateGroupResponse* response) {
+  if (draining_.load()) return ToGrpcStatus(absl::UnavailableError("samplerd is shutting down"));
+  GroupConfig config;
+  config.world_size = request->world_size();
+  config.max_step_tokens = request->max_step_tokens();
+  config.device_id = request->device_id();
+  config.max_logits_bytes = request->max_logits_bytes();
+  config.join_timeout = absl::Milliseconds(request->join_timeout_ms());
+  config.op_timeout = absl::Milliseconds(request->op_timeout_ms());
+  auto created = groups_.Create(config);
+  if (!created.ok()) {
+    spdlog::warn("CreateGroup: {}", created.status().ToString());
+    return ToGrpcStatus(created.status());
+  }
+  response->set_group_id(created->group_id);
+  response->set_nccl_unique_id(created->unique_id);
+  response->set_packet_bytes(created->packet_bytes);
+  response->set_layout_version(kGroupPacketVersion);
+  return grpc::Status::OK;
 }
 
-grpc::Status SamplerService::DestroyGroup(grpc::ServerContext*, const v1::DestroyGroupRequest*,
+grpc::Status SamplerService::DestroyGroup(grpc::ServerContext*,
+                                          const v1::DestroyGroupRequest* request,
                                           v1::DestroyGroupResponse*) {
-  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                      "DestroyGroup: context-parallel NCCL groups are not built yet");
+  return ToGrpcStatus(groups_.Destroy(request->group_id()));
 }
 
 grpc::Status SamplerService::GetServerInfo(grpc::ServerContext*, const v1::GetServerInfoRequest*,
@@ -214,11 +383,32 @@ grpc::Status SamplerService::GetServerInfo(grpc::ServerContext*, const v1::GetSe
   }
   limits->set_draft_pool_bytes(backend_.draft_pool().CapacityBytes());
   limits->set_draft_pool_ttl_ms(absl::ToInt64Milliseconds(backend_.draft_pool().Ttl()));
+  limits->set_max_groups(groups_.available() ? groups_.max_groups() : 0);
+  limits->set_max_group_logits_bytes(groups_.available() ? groups_.max_logits_bytes() : 0);
+  for (const GroupInfo& group : groups_.List()) {
+    v1::GroupInfo* out = response->add_groups();
+    out->set_group_id(group.group_id);
+    out->set_state(group.state == GroupState::kJoining ? v1::JOINING
+                   : group.state == GroupState::kReady ? v1::READY
+                                                        : v1::FAILED);
+    out->set_world_size(group.config.world_size);
+    out->set_max_step_tokens(group.config.max_step_tokens);
+    out->set_device_id(group.config.device_id);
+    out->set_max_logits_bytes(group.config.max_logits_bytes);
+    out->set_join_timeout_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(group.config.join_timeout)));
+    out->set_op_timeout_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(group.config.op_timeout)));
+    out->set_steps(group.steps);
+    out->set_error(group.error);
+  }
   for (const char* feature :
        {"prefill", "decode", "draft", "draft_pool", "prompt_logprobs", "grammar_masks",
         "penalties", "force_top_n", "sum_smaller_probs", "golden_tokens", "inline_logits",
         "host_shm", "shards", "bf16", "fp16", "release"}) {
     response->add_features(feature);
+  }
+  if (groups_.available()) {
+    response->add_features("cp_groups");
+    response->add_features("nccl_logits");
   }
   return grpc::Status::OK;
 }

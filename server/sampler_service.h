@@ -1,12 +1,15 @@
 // The samplerd.v1.Sampler gRPC service: converts each call, runs the core, converts back.
 //
-//   SamplerService service(backend, registry, metrics, options);
+//   SamplerService service(backend, registry, groups, metrics, options, seeds);
 //   builder.RegisterService(&service);
 //   ...
 //   service.StartDraining();  // on SIGTERM: new steps are refused, accepted ones answered
 //
 // Steps are admitted up to options.max_queued_steps at a time; beyond that a call is answered
 // RESOURCE_EXHAUSTED at once, so the backend's queue never holds gRPC threads without bound.
+// A step naming a context-parallel group (group_id, or NCCL logits) takes the group's turn
+// first, receives its NCCL logits, runs, and (group_id) broadcasts its packed results or its
+// error before answering (server/group_registry.h).
 #ifndef SAMPLERD_SERVER_SAMPLER_SERVICE_H_
 #define SAMPLERD_SERVER_SAMPLER_SERVICE_H_
 
@@ -19,6 +22,7 @@
 #include "sampler/backend.h"
 #include "sampler/validate.h"
 #include "server/buffer_registry.h"
+#include "server/group_registry.h"
 #include "server/metrics.h"
 
 namespace samplerd {
@@ -34,8 +38,8 @@ struct ServiceOptions {
 class SamplerService final : public v1::Sampler::Service {
  public:
   // Borrows everything; all must outlive the service.
-  SamplerService(Backend& backend, BufferRegistry& registry, Metrics& metrics,
-                 const ServiceOptions& options, SeedSource seed_source);
+  SamplerService(Backend& backend, BufferRegistry& registry, GroupRegistry& groups,
+                 Metrics& metrics, const ServiceOptions& options, SeedSource seed_source);
 
   grpc::Status Sample(grpc::ServerContext* context, const v1::SampleRequest* request,
                       v1::SampleResponse* response) override;
@@ -73,10 +77,17 @@ class SamplerService final : public v1::Sampler::Service {
   // One step, start to finish. Step-level faults are the returned status.
   absl::Status RunStep(const v1::SampleRequest& request, const std::string& pool_scope,
                        v1::SampleResponse* response);
+  struct StepStats;
+  // Admission, conversion, planning and the backend: the step's results or its fault.
+  // `group` (may be null) holds the step's group turn, for its NCCL logits.
+  absl::StatusOr<StepResult> ComputeStep(const v1::SampleRequest& request,
+                                         const std::string& pool_scope, GroupStep* group,
+                                         StepStats* stats);
 
   // Constant after construction.
   Backend& backend_;
   BufferRegistry& registry_;
+  GroupRegistry& groups_;
   Metrics& metrics_;
   const ServiceOptions options_;
   const SeedSource seed_source_;

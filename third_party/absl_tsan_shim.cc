@@ -3,8 +3,8 @@
 // happens-before edges of absl::Mutex and reports every access it guards as a race. These
 // definitions interpose the exported Mutex and Condition functions (our code and the library
 // itself call them through the PLT), call the real ones (dlsym RTLD_NEXT) and tell TSan what
-// they mean: Lock acquires the mutex, Unlock releases it, Await releases it while it waits and
-// acquires it again, and a Condition is evaluated under the mutex whose Unlock or Await
+// they mean: Lock acquires the mutex, Unlock releases it, Await (and its timed forms) releases it
+// while it waits and acquires it again, and a Condition is evaluated under the mutex whose Unlock or Await
 // evaluates it (the waiter's condition may run in the unlocking thread). In any other build
 // this file is empty.
 #if defined(__SANITIZE_THREAD__)
@@ -62,6 +62,31 @@ void Mutex::Await(const Condition& cond) {
   real(this, cond);
   current_mutex = outer;
   __tsan_acquire(this);
+}
+
+// The timed waits release and reacquire the mutex like Await.
+bool Mutex::AwaitWithTimeout(const Condition& cond, absl::Duration timeout) {
+  static auto real = Real<bool (*)(Mutex*, const Condition&, absl::Duration)>(
+      "_ZN4absl7debian35Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
+  __tsan_release(this);
+  const void* outer = current_mutex;
+  current_mutex = this;
+  const bool result = real(this, cond, timeout);
+  current_mutex = outer;
+  __tsan_acquire(this);
+  return result;
+}
+
+bool Mutex::AwaitWithDeadline(const Condition& cond, absl::Time deadline) {
+  static auto real = Real<bool (*)(Mutex*, const Condition&, absl::Time)>(
+      "_ZN4absl7debian35Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+  __tsan_release(this);
+  const void* outer = current_mutex;
+  current_mutex = this;
+  const bool result = real(this, cond, deadline);
+  current_mutex = outer;
+  __tsan_acquire(this);
+  return result;
 }
 
 bool Condition::Eval() const {

@@ -34,7 +34,7 @@ cc_library(
 
 cc_library(
     name = "nccl",
-    linkopts = ["-L{root}/lib", "-L{root}/lib64", "-lnccl"],
+    linkopts = ["-L{root}/lib", "-L{root}/lib64", "-Wl,-rpath,{root}/lib", "-lnccl"],
     deps = [":cuda_headers"],
 )
 

@@ -15,11 +15,14 @@ from .cuda import CudaRegion, ReadyEvent
 from .errors import RequestError, SamplerError
 from .results import RequestResult, StepResult
 from .shm import ShmRegion
-from .step import (CudaLogits, Decode, Draft, Prefill, SamplingParams, ShmLogits, build_step)
+from .step import (CudaLogits, Decode, Draft, NcclLogits, Prefill, SamplingParams, ShmLogits,
+                   build_step)
 
 __version__ = "0.1.0"
 __all__ = [
     "pb", "SamplerClient", "AsyncSamplerClient", "StepStream", "AsyncStepStream", "CudaRegion",
     "ReadyEvent", "SamplerError", "RequestError", "RequestResult", "StepResult", "ShmRegion",
-    "Prefill", "Decode", "Draft", "SamplingParams", "ShmLogits", "CudaLogits", "build_step",
+    "Prefill", "Decode", "Draft", "SamplingParams", "ShmLogits", "CudaLogits", "NcclLogits",
+    "build_step",
 ]
+# The group follower (samplerd.follower.GroupFollower) imports torch: not loaded here.

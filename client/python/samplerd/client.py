@@ -152,6 +152,24 @@ class SamplerClient(_Base):
         """Drops finished requests' drafts from the server's pool; returns the rows freed."""
         return self._call("Release", pb.ReleaseRequest(request_ids=list(request_ids))).released_rows
 
+    def create_group(self, world_size: int, max_step_tokens: int, device_id: int = 0,
+                     join_timeout_ms: int = 0, op_timeout_ms: int = 0, max_logits_bytes: int = 0):
+        """A context-parallel group (CUDA backend): samplerd is rank 0; hand the response's
+        nccl_unique_id to the followers (samplerd.follower.GroupFollower). Steps name it with
+        build(..., group_id=response.group_id)."""
+        return self._call("CreateGroup", pb.CreateGroupRequest(
+            world_size=world_size, max_step_tokens=max_step_tokens, device_id=device_id,
+            join_timeout_ms=join_timeout_ms, op_timeout_ms=op_timeout_ms,
+            max_logits_bytes=max_logits_bytes))
+
+    def destroy_group(self, group_id: str):
+        """Ends a group (its followers receive a closing packet)."""
+        self._call("DestroyGroup", pb.DestroyGroupRequest(group_id=group_id))
+
+    def groups(self) -> List[object]:
+        """The groups and their state (GetServerInfo)."""
+        return list(self.server_info().groups)
+
     def health(self, service: str = "") -> str:
         """grpc.health.v1 Check: "SERVING", "NOT_SERVING" (draining), ..."""
         try:
@@ -265,6 +283,17 @@ class AsyncSamplerClient(_Base):
 
     async def server_info(self):
         return await self._call("GetServerInfo", pb.GetServerInfoRequest())
+
+    async def create_group(self, world_size: int, max_step_tokens: int, device_id: int = 0,
+                           join_timeout_ms: int = 0, op_timeout_ms: int = 0,
+                           max_logits_bytes: int = 0):
+        return await self._call("CreateGroup", pb.CreateGroupRequest(
+            world_size=world_size, max_step_tokens=max_step_tokens, device_id=device_id,
+            join_timeout_ms=join_timeout_ms, op_timeout_ms=op_timeout_ms,
+            max_logits_bytes=max_logits_bytes))
+
+    async def destroy_group(self, group_id: str):
+        await self._call("DestroyGroup", pb.DestroyGroupRequest(group_id=group_id))
 
     async def release(self, request_ids: Sequence[str]) -> int:
         resp = await self._call("Release", pb.ReleaseRequest(request_ids=list(request_ids)))

@@ -199,8 +199,26 @@ class CudaLogits:
             tensor.ready_event = self.ready_event
 
 
+@dataclass(frozen=True)
+class NcclLogits:
+    """Logits a group follower sends over NCCL (GroupFollower.send_logits): samplerd receives
+    rows x cols of `dtype` ("float32", "bfloat16" or "float16") from `src_rank`."""
+
+    group_id: str
+    src_rank: int
+    rows: int
+    cols: int
+    dtype: str = "float32"
+
+    def fill(self, tensor):
+        tensor.dtype = {"float32": pb.FLOAT32, "bfloat16": pb.BFLOAT16, "float16": pb.FLOAT16}[self.dtype]
+        tensor.rows, tensor.cols = self.rows, self.cols
+        tensor.nccl.group_id = self.group_id
+        tensor.nccl.src_rank = self.src_rank
+
+
 def _fill_logits(tensor, logits):
-    if isinstance(logits, (ShmLogits, CudaLogits)):
+    if isinstance(logits, (ShmLogits, CudaLogits, NcclLogits)):
         logits.fill(tensor)
     elif isinstance(logits, np.ndarray):
         _inline(tensor, logits)
