@@ -26,10 +26,11 @@ struct Group {
   absl::Time op_deadline ABSL_GUARDED_BY(mu);
   int64_t steps ABSL_GUARDED_BY(mu) = 0;
   bool destroyed ABSL_GUARDED_BY(mu) = false;
+  // Steps waiting for or holding a turn: while any does, the communicator and its buffers
+  // (which a step may still be sampling from) stay allocated.
+  int users ABSL_GUARDED_BY(mu) = 0;
 
-  bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    return next_ticket == serving && !op_in_flight;
-  }
+  bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return users == 0 && !op_in_flight; }
 };
 
 namespace {
@@ -110,6 +111,19 @@ absl::StatusOr<GroupRegistry::Created> GroupRegistry::Create(GroupConfig config)
   {
     absl::MutexLock lock(&mu_);
     if (static_cast<int>(groups_.size()) >= options_.max_groups) {
+      // Failed groups hold nothing anyone can use: the oldest goes first.
+      for (auto it = groups_.begin(); it != groups_.end(); ++it) {
+        absl::MutexLock group_lock(&it->second->mu);
+        if (it->second->state == GroupState::kFailed && it->second->users == 0) {
+          spdlog::info("group '{}' (failed: {}) dropped to make room", it->first,
+                       it->second->error);
+          it->second->destroyed = true;
+          groups_.erase(it);
+          break;
+        }
+      }
+    }
+    if (static_cast<int>(groups_.size()) >= options_.max_groups) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "CreateGroup: ", groups_.size(), " groups exist (--max_groups); destroy one first"));
     }
@@ -169,7 +183,7 @@ absl::Status GroupRegistry::Destroy(const std::string& group_id) {
 
 void GroupRegistry::DestroyGroup(const std::shared_ptr<Group>& group) {
   absl::MutexLock lock(&group->mu);
-  if (group->state == GroupState::kReady && group->IdleLocked()) {
+  if (group->state == GroupState::kReady && group->IdleLocked() && group->comm) {
     // Tell the followers the group ends: a packet whose step status is UNAVAILABLE and whose
     // flags (word 7) say "closing". Then the orderly teardown.
     std::vector<int32_t> words = PackStepError(
@@ -240,12 +254,16 @@ absl::StatusOr<std::unique_ptr<GroupStep>> GroupRegistry::BeginStep(const std::s
         absl::StrCat(field, ": group '", group_id, "' has failed: ", group->error));
   }
   const uint64_t ticket = group->next_ticket++;
+  ++group->users;
   Group* g = group.get();
   auto turn = [g, ticket]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(g->mu) {
     return g->serving == ticket || g->state != GroupState::kReady;
   };
   group->mu.Await(absl::Condition(&turn));
-  if (group->state != GroupState::kReady) return GroupUnavailable(*group, group->error);
+  if (group->state != GroupState::kReady) {
+    --group->users;
+    return GroupUnavailable(*group, group->error);
+  }
   return std::unique_ptr<GroupStep>(new GroupStep(this, std::move(group), ticket));
 }
 
@@ -288,6 +306,12 @@ void GroupRegistry::Watchdog() {
     for (const auto& group : groups) {
       absl::MutexLock lock(&group->mu);
       if (group->destroyed) continue;
+      if (group->state == GroupState::kFailed) {
+        // Nothing uses a failed group's buffers once no step holds it: free them (it stays
+        // listed, with its error, until DestroyGroup or until Create needs its slot).
+        if (group->users == 0 && group->comm) group->comm.reset();
+        continue;
+      }
       if (group->state == GroupState::kJoining) {
         auto progress = group->comm->PollJoin();
         if (!progress.ok()) {
@@ -320,6 +344,7 @@ void GroupRegistry::Watchdog() {
 GroupStep::~GroupStep() {
   absl::MutexLock lock(&group_->mu);
   if (group_->serving == ticket_) ++group_->serving;
+  --group_->users;
 }
 
 const std::string& GroupStep::group_id() const { return group_->id; }

@@ -118,8 +118,10 @@ class GroupRegistry {
   GroupRegistry& operator=(const GroupRegistry&) = delete;
 
   // Validates `config` (fields named as CreateGroupRequest's; zero timeouts take the
-  // defaults), makes a unique id and starts joining. INVALID_ARGUMENT, FAILED_PRECONDITION (no
-  // transport), RESOURCE_EXHAUSTED (max_groups), or the transport's error.
+  // defaults), makes a unique id and starts joining. At max_groups, the oldest FAILED group
+  // no step holds is dropped to make room. INVALID_ARGUMENT, FAILED_PRECONDITION (no
+  // transport), RESOURCE_EXHAUSTED (max_groups), or the transport's error. A FAILED group's
+  // communicator and buffers are freed as soon as no step holds it.
   absl::StatusOr<Created> Create(GroupConfig config);
   // Ends a group: an idle READY group first broadcasts a closing packet (step status
   // UNAVAILABLE, flags bit 0; followers learn the group ended) and is finalized; otherwise

@@ -356,6 +356,19 @@ TEST(GroupRegistry, ValidatesCreateAndBoundsTheNumberOfGroups) {
   EXPECT_TRUE(small.Create(Config(2)).ok());
   EXPECT_TRUE(small.Create(Config(2)).ok());
   EXPECT_EQ(small.Create(Config(2)).status().code(), absl::StatusCode::kResourceExhausted);
+
+  // A failed group gives its slot up to a new one.
+  options.max_groups = 1;
+  GroupRegistry one(&hub, options);
+  GroupConfig lonely = Config(2);
+  lonely.join_timeout = absl::Milliseconds(20);
+  auto failed = one.Create(lonely);
+  ASSERT_TRUE(failed.ok());
+  ASSERT_TRUE(WaitFor(one, failed->group_id, GroupState::kFailed));
+  auto next = one.Create(Config(2));
+  ASSERT_TRUE(next.ok()) << next.status();
+  ASSERT_EQ(one.List().size(), 1u);
+  EXPECT_EQ(one.List()[0].group_id, next->group_id);
 }
 
 }  // namespace

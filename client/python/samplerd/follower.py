@@ -106,30 +106,39 @@ def _load_nccl():
                        "libnccl.so.2 not found: install PyTorch with CUDA, or set SAMPLERD_NCCL_LIBRARY")
 
 
-class GroupFollower:
-    """Rank `rank` (1 .. world_size - 1) of a group; `device` is this rank's CUDA device."""
+def new_unique_id() -> bytes:
+    """A fresh ncclUniqueId (the calling process hosts the bootstrap, i.e. is rank 0). For
+    tests: in a real group samplerd makes it (CreateGroup)."""
+    nccl = _load_nccl()
+    uid = _UniqueId()
+    rc = nccl.ncclGetUniqueId(ctypes.byref(uid))
+    if rc != 0:
+        raise SamplerError(grpc.StatusCode.UNAVAILABLE, nccl.ncclGetErrorString(rc).decode())
+    return ctypes.string_at(ctypes.addressof(uid), 128)  # .internal would stop at a NUL
+
+
+class _Communicator:
+    """One rank's NCCL communicator on its own CUDA stream, through ctypes: init (bounded),
+    broadcast, send, recv, each waited for with a deadline (then aborted)."""
 
     def __init__(self, unique_id: bytes, world_size: int, rank: int, device: int,
-                 max_step_tokens: int, join_timeout: float = 60.0, op_timeout: float = 30.0):
+                 join_timeout: float, op_timeout: float):
         import torch
 
         if len(unique_id) != 128:
             raise ValueError("unique_id: CreateGroupResponse.nccl_unique_id (128 bytes)")
-        if not 1 <= rank < world_size:
-            raise ValueError(f"rank {rank} is outside [1, {world_size - 1}]")
         self._torch = torch
         self._nccl = _load_nccl()
         self.device = torch.device("cuda", device)
         self.op_timeout = op_timeout
         self._stream = torch.cuda.Stream(self.device)
-        self._packet = torch.zeros(packet_words(max_step_tokens), dtype=torch.int32, device=self.device)
         self._comm = ctypes.c_void_p()
         uid = _UniqueId()
-        ctypes.memmove(uid.internal, unique_id, 128)
+        ctypes.memmove(ctypes.addressof(uid), unique_id, 128)
         result = {}
 
         # ncclCommInitRank blocks until every rank joined: run it in a thread and bound the
-        # wait (the thread is left behind only if the driver never completes the group).
+        # wait (the thread is left behind only if the group never completes).
         def init():
             torch.cuda.set_device(self.device)
             result["rc"] = self._nccl.ncclCommInitRank(ctypes.byref(self._comm), world_size, uid, rank)
@@ -147,13 +156,45 @@ class GroupFollower:
             raise SamplerError(grpc.StatusCode.UNAVAILABLE,
                                f"{what}: {self._nccl.ncclGetErrorString(rc).decode()}")
 
-    def _wait(self, what: str):
+    def _live(self):
+        if self._comm is None:
+            raise SamplerError(grpc.StatusCode.UNAVAILABLE, "the communicator was aborted")
+        return self._comm
+
+    def _args(self, tensor):
+        return ctypes.c_void_p(tensor.data_ptr()), ctypes.c_void_p(self._stream.cuda_stream)
+
+    def broadcast(self, words, root: int):
+        ptr, stream = self._args(words)
+        self._check(self._nccl.ncclBroadcast(ptr, ptr, ctypes.c_size_t(words.numel()), _NCCL_INT32,
+                                             root, self._live(), stream), "ncclBroadcast")
+
+    def send(self, tensor, peer: int):
+        ptr, stream = self._args(tensor)
+        self._stream.wait_stream(self._torch.cuda.current_stream(self.device))
+        self._check(self._nccl.ncclSend(ptr, ctypes.c_size_t(tensor.numel() * tensor.element_size()),
+                                        _NCCL_UINT8, peer, self._live(), stream), "ncclSend")
+
+    def recv(self, tensor, peer: int):
+        ptr, stream = self._args(tensor)
+        self._check(self._nccl.ncclRecv(ptr, ctypes.c_size_t(tensor.numel() * tensor.element_size()),
+                                        _NCCL_UINT8, peer, self._live(), stream), "ncclRecv")
+
+    def group_start(self):
+        self._check(self._nccl.ncclGroupStart(), "ncclGroupStart")
+
+    def group_end(self):
+        self._check(self._nccl.ncclGroupEnd(), "ncclGroupEnd")
+
+    def wait(self, what: str):
+        """Waits for the stream's NCCL work, polling NCCL's asynchronous error; aborts and
+        raises after op_timeout."""
         event = self._torch.cuda.Event()
         event.record(self._stream)
         deadline = time.monotonic() + self.op_timeout
         while not event.query():
             state = ctypes.c_int(0)
-            self._nccl.ncclCommGetAsyncError(self._comm, ctypes.byref(state))
+            self._nccl.ncclCommGetAsyncError(self._live(), ctypes.byref(state))
             if state.value not in (0, 7):  # ncclSuccess, ncclInProgress
                 self.abort()
                 self._check(state.value, what)
@@ -163,42 +204,7 @@ class GroupFollower:
                                    f"{what} not done after {self.op_timeout} s: aborted")
             time.sleep(20e-6)
 
-    def receive_step_to(self, words):
-        """Receives the next packet into `words` (a CUDA int32 tensor of packet_words()) and
-        leaves it there (for workers that consume the tokens on the GPU)."""
-        if self._comm is None:
-            raise SamplerError(grpc.StatusCode.UNAVAILABLE, "the follower was aborted")
-        rc = self._nccl.ncclBroadcast(ctypes.c_void_p(words.data_ptr()), ctypes.c_void_p(words.data_ptr()),
-                                      ctypes.c_size_t(words.numel()), _NCCL_INT32, 0, self._comm,
-                                      ctypes.c_void_p(self._stream.cuda_stream))
-        self._check(rc, "ncclBroadcast")
-        self._wait("receiving the step's results")
-
-    def receive_step(self) -> FollowerStep:
-        """The next step's results (blocks until samplerd broadcasts them)."""
-        self.receive_step_to(self._packet)
-        return unpack(self._packet.cpu().numpy())
-
-    def send_logits(self, logits):
-        """Sends a contiguous CUDA tensor to samplerd, for a step whose Tensor.nccl names this
-        rank (rows, cols and dtype as that Tensor says). Waits for the current stream's work
-        on it first."""
-        if self._comm is None:
-            raise SamplerError(grpc.StatusCode.UNAVAILABLE, "the follower was aborted")
-        if not logits.is_cuda or not logits.is_contiguous():
-            raise ValueError("send_logits: a contiguous CUDA tensor")
-        self._stream.wait_stream(self._torch.cuda.current_stream(self.device))
-        rc = self._nccl.ncclSend(ctypes.c_void_p(logits.data_ptr()),
-                                 ctypes.c_size_t(logits.numel() * logits.element_size()),
-                                 _NCCL_UINT8, 0, self._comm, ctypes.c_void_p(self._stream.cuda_stream))
-        self._check(rc, "ncclSend")
-        self._wait("sending logits")
-
-    def packet_words(self) -> int:
-        return self._packet.numel()
-
     def abort(self):
-        """Stops the communicator (its peers' operations with this rank fail)."""
         if self._comm is not None:
             self._nccl.ncclCommAbort(self._comm)
             self._comm = None
@@ -207,3 +213,46 @@ class GroupFollower:
         if self._comm is not None:
             self._nccl.ncclCommDestroy(self._comm)
             self._comm = None
+
+
+class GroupFollower:
+    """Rank `rank` (1 .. world_size - 1) of a group; `device` is this rank's CUDA device."""
+
+    def __init__(self, unique_id: bytes, world_size: int, rank: int, device: int,
+                 max_step_tokens: int, join_timeout: float = 60.0, op_timeout: float = 30.0):
+        import torch
+
+        if not 1 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside [1, {world_size - 1}]")
+        self._comm = _Communicator(unique_id, world_size, rank, device, join_timeout, op_timeout)
+        self._packet = torch.zeros(packet_words(max_step_tokens), dtype=torch.int32,
+                                   device=self._comm.device)
+
+    def receive_step_to(self, words):
+        """Receives the next packet into `words` (a CUDA int32 tensor of packet_words()) and
+        leaves it there (for workers that consume the tokens on the GPU)."""
+        self._comm.broadcast(words, root=0)
+        self._comm.wait("receiving the step's results")
+
+    def receive_step(self) -> FollowerStep:
+        """The next step's results (blocks until samplerd broadcasts them)."""
+        self.receive_step_to(self._packet)
+        return unpack(self._packet.cpu().numpy())
+
+    def send_logits(self, logits):
+        """Sends a contiguous CUDA tensor to samplerd, for a step whose Tensor.nccl names this
+        rank (rows, cols and dtype as that Tensor says), after the current stream's work."""
+        if not logits.is_cuda or not logits.is_contiguous():
+            raise ValueError("send_logits: a contiguous CUDA tensor")
+        self._comm.send(logits, peer=0)
+        self._comm.wait("sending logits")
+
+    def packet_words(self) -> int:
+        return self._packet.numel()
+
+    def abort(self):
+        """Stops the communicator (its peers' operations with this rank fail)."""
+        self._comm.abort()
+
+    def close(self):
+        self._comm.close()

@@ -103,3 +103,26 @@ def test_cuda_tensor_region_with_ready_event(servers):
     gpu.unregister("torch-pool")
     print(f"test_cuda: {STEPS} steps x {ROWS} requests (fp32, bf16; region and one-off refs; "
           f"torch {torch.__version__}): {mismatches} token mismatches")
+
+
+def test_the_followers_nccl_binding_on_one_gpu():
+    """The ctypes calls the Python follower makes (init, broadcast, send, recv, async error,
+    destroy), on a communicator of one rank: NCCL allows one rank per GPU, so a real follower
+    needs a second GPU (scripts/gpu_multi.sh runs examples/cp_decode_loop.py there)."""
+    from samplerd.follower import _Communicator, new_unique_id
+
+    comm = _Communicator(new_unique_id(), world_size=1, rank=0, device=0, join_timeout=60,
+                         op_timeout=30)
+    words = torch.arange(100, dtype=torch.int32, device="cuda")
+    comm.broadcast(words, root=0)
+    comm.wait("broadcast")
+    assert words.cpu().tolist() == list(range(100))
+    src = torch.randn(1000, device="cuda")
+    dst = torch.zeros(1000, device="cuda")
+    comm.group_start()          # a send to itself and its receive, as one group call
+    comm.send(src, peer=0)
+    comm.recv(dst, peer=0)
+    comm.group_end()
+    comm.wait("send/recv")
+    assert torch.equal(src, dst)
+    comm.close()
