@@ -22,7 +22,7 @@
 
 #include "sampler/cpu_backend.h"
 #include "sampler/reference_sampler.h"
-#include "sampler/rng.h"
+#include "sampler/spec_rules.h"
 #include "bench/bench_params.h"
 #include "sampler/test_util.h"
 

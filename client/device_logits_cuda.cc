@@ -3,14 +3,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/device_logits.h"
+#include "cuda/cuda_status.h"
 
 namespace samplerd {
 
 absl::StatusOr<std::unique_ptr<DeviceLogits>> DeviceLogits::Create(const void* host, size_t bytes,
                                                                    int device) {
-  auto fail = [](const char* what, cudaError_t e) {
-    return absl::UnavailableError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
-  };
+  auto fail = [](const char* what, cudaError_t e) { return CudaStatus(e, what); };
   std::unique_ptr<DeviceLogits> out(new DeviceLogits());
   out->bytes_ = bytes;
   out->device_ = device;

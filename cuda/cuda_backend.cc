@@ -60,7 +60,7 @@ constexpr int kStageEntries = 18;  // cuda::StepParams::stage_times: fused [0, 9
 // Jobs of one launch: bounds the workspace (jobs x V floats) whatever the prompt length.
 constexpr int kMaxJobsPerLaunch = 8192;
 
-int32_t DTypeCode(DType dtype) {
+cuda::LogitsDType DTypeCode(DType dtype) {
   switch (dtype) {
     case DType::kBFloat16:
       return cuda::kBF16;

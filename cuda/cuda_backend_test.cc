@@ -10,6 +10,9 @@
 #include <random>
 
 #include "sampler/cpu_backend.h"
+#include "sampler/dtype.h"
+#include "sampler/reference_sampler.h"
+#include "sampler/spec_rules.h"
 #include "sampler/test_util.h"
 
 namespace samplerd {
@@ -38,9 +41,70 @@ struct Tally {
   int requests = 0, token_mismatches = 0, compared_logprobs = 0;
 };
 
-// CPU vs CUDA: equal status codes; equal tokens except rare boundary cases (counted); logprobs
-// of equal tokens within 1e-5 (values >= -20).
-void Compare(const StepResult& cpu, const StepResult& gpu, Tally& tally, const std::string& what) {
+// SPEC 8's band, checked for the token: request `i` of `step` emitted `cpu_token` on the CPU
+// and `gpu_token` on the GPU from a fresh draw (PREFILL, no golden token). True only when, in
+// the float64 reference's distribution for that row, the two tokens are neighbours in the draw
+// order and the row's u lies within 1e-6 of the edge between their intervals. Verification
+// rows (DECODE), drafts and golden tokens are never allowed to differ: the caller fails them.
+bool InBoundaryBand(const Step& step, size_t i, int32_t cpu_token, int32_t gpu_token,
+                    std::string* why) {
+  if (step.kind != StepKind::kPrefill) {
+    *why = "not a PREFILL draw";
+    return false;
+  }
+  auto plan = PlanStep(step, Limits{}, [] { return uint64_t{9}; });
+  if (!plan.ok() || plan->requests[i].sampled_rows.size() != 1) {
+    *why = "no single sampled row";
+    return false;
+  }
+  const RequestPlan& request = plan->requests[i];
+  const SampledRow& row = request.sampled_rows[0];
+  if (row.golden >= 0) {
+    *why = "a golden token";
+    return false;
+  }
+  const LogitsView& logits = step.logits;
+  std::vector<float> raw(static_cast<size_t>(logits.cols));
+  const char* base = static_cast<const char*>(logits.data) +
+                     static_cast<int64_t>(row.row) * logits.row_stride * DTypeSize(logits.dtype);
+  for (int32_t c = 0; c < logits.cols; ++c) {
+    if (logits.dtype == DType::kFloat32) {
+      std::memcpy(&raw[c], base + 4 * c, 4);
+    } else {
+      uint16_t bits;
+      std::memcpy(&bits, base + 2 * c, 2);
+      raw[c] = logits.dtype == DType::kBFloat16 ? BFloat16ToFloat(bits) : HalfToFloat(bits);
+    }
+  }
+  ReferenceOptions options;
+  options.vocab_size = step.vocab_size;
+  options.force_top_n = step.force_top_n;
+  options.mask = row.mask;
+  options.prompt_tokens = request.inputs->prompt_token_ids;
+  options.output_tokens = request.inputs->output_token_ids;
+  const ReferenceRow ref = ReferenceProcess(raw, request.params, options);
+  const double u = UniformDouble(request.seed, SequenceNumber(row.position, DrawCase::kFresh));
+  double cumulative = 0.0, sum = 0.0;
+  for (int32_t t : ref.order) sum += ref.probs[t];
+  for (size_t k = 0; k + 1 < ref.order.size(); ++k) {
+    cumulative += ref.probs[ref.order[k]];
+    const int32_t a = ref.order[k], b = ref.order[k + 1];
+    if ((a == cpu_token && b == gpu_token) || (a == gpu_token && b == cpu_token)) {
+      const double distance = std::fabs(cumulative / sum - u);
+      *why = "u = " + std::to_string(u) + " is " + std::to_string(distance) +
+             " from the edge between them";
+      return distance <= 1e-6;
+    }
+  }
+  *why = "the tokens are not neighbours in the reference's order";
+  return false;
+}
+
+// CPU vs CUDA: equal status codes; equal tokens, except a token that lies in SPEC 8's boundary
+// band (checked for that token by InBoundaryBand; counted and printed); logprobs of equal
+// tokens within 1e-5 (values >= -20).
+void Compare(const StepResult& cpu, const StepResult& gpu, Tally& tally, const std::string& what,
+             const Step& step) {
   ASSERT_EQ(cpu.results.size(), gpu.results.size()) << what;
   for (size_t i = 0; i < cpu.results.size(); ++i) {
     const RequestResult& a = cpu.results[i];
@@ -53,6 +117,11 @@ void Compare(const StepResult& cpu, const StepResult& gpu, Tally& tally, const s
     if (!a.status.ok()) continue;
     if (a.token_ids != b.token_ids || a.num_accepted != b.num_accepted) {
       ++tally.token_mismatches;
+      std::string why;
+      const bool band = a.token_ids.size() == 1 && b.token_ids.size() == 1 &&
+                        InBoundaryBand(step, i, a.token_ids[0], b.token_ids[0], &why);
+      EXPECT_TRUE(band) << "tokens differ outside SPEC 8's boundary band (" << why << ")";
+      if (band) std::printf("%s request %zu: boundary-band token (%s)\n", what.c_str(), i, why.c_str());
       continue;
     }
     auto near = [&](float x, float y) {
@@ -148,17 +217,16 @@ TEST(CudaBackend, PrefillMatchesCpuOverEveryFeature) {
           const Step step = PrefillStep(logits, vocab, rows, seed, params,
                                         force < vocab ? force : 0, masks, &mask_storage);
           Compare(RunStep(*cpu, step), RunStep(*gpu, step), tally,
-                  "V=" + std::to_string(vocab) + " seed=" + std::to_string(seed));
+                  "V=" + std::to_string(vocab) + " seed=" + std::to_string(seed), step);
           ++seed;
           if (HasFatalFailure()) return;
         }
       }
     }
   }
-  std::printf("prefill: %d requests, %d token mismatches, %d logprobs compared\n", tally.requests,
+  std::printf("prefill: %d requests, %d boundary-band tokens, %d logprobs compared\n", tally.requests,
               tally.token_mismatches, tally.compared_logprobs);
-  // Boundary cases (u within ~1e-6 of an interval edge) are allowed, and must stay rare.
-  EXPECT_LE(tally.token_mismatches, tally.requests / 100 + 1);
+  // Each differing token was checked against SPEC 8's band in Compare.
 }
 
 TEST(CudaBackend, VocabularyTooWideForTheFusedPathMatchesCpu) {
@@ -174,10 +242,11 @@ TEST(CudaBackend, VocabularyTooWideForTheFusedPathMatchesCpu) {
   int k = 0;
   for (const SamplingParams& params : ParamSets()) {
     const Step step = PrefillStep(logits, vocab, 3, 500 + k++, params, 0, true, &masks);
-    Compare(RunStep(*cpu, step), RunStep(*gpu, step), tally, "V=400000");
+    Compare(RunStep(*cpu, step), RunStep(*gpu, step), tally, "V=400000", step);
     masks.clear();
   }
-  EXPECT_LE(tally.token_mismatches, 1);
+  std::printf("V=400000: %d requests, %d boundary-band tokens\n", tally.requests,
+              tally.token_mismatches);
 }
 
 TEST(CudaBackend, Bf16Fp16PromptLogprobsGoldenAndNanMatchCpu) {
@@ -211,7 +280,7 @@ TEST(CudaBackend, Bf16Fp16PromptLogprobsGoldenAndNanMatchCpu) {
     step.requests = {a, b, c};
     const StepResult on_cpu = RunStep(*cpu, step);
     const StepResult on_gpu = RunStep(*gpu, step);
-    Compare(on_cpu, on_gpu, tally, std::string("dtype ") + DTypeName(dtype));
+    Compare(on_cpu, on_gpu, tally, std::string("dtype ") + DTypeName(dtype), step);
     EXPECT_EQ(on_gpu.results[1].token_ids, std::vector<int32_t>{1234});
     EXPECT_EQ(on_gpu.results[2].status.code(), absl::StatusCode::kInvalidArgument);
   }
@@ -275,14 +344,14 @@ TEST(CudaBackend, SplitPathTiesOverflowAndPromptRowsMatchCpu) {
         step.requests.push_back(p);
         Compare(RunStep(*cpu, step), RunStep(*gpu, step), tally,
                 "V=" + std::to_string(vocab) + " top_k=" + std::to_string(top_k) + " " +
-                    DTypeName(dtype));
+                    DTypeName(dtype),
+                step);
         if (HasFatalFailure()) return;
       }
     }
   }
   std::printf("split path: %d requests, %d token mismatches, %d logprobs compared\n",
               tally.requests, tally.token_mismatches, tally.compared_logprobs);
-  EXPECT_LE(tally.token_mismatches, 1);
 }
 
 TEST(CudaBackend, DecodeAndDraftMatchCpu) {
@@ -323,7 +392,7 @@ TEST(CudaBackend, DecodeAndDraftMatchCpu) {
       }
       const StepResult cpu_draft = RunStep(*cpu, draft);
       const StepResult gpu_draft = RunStep(*gpu, draft);
-      Compare(cpu_draft, gpu_draft, tally, "draft");
+      Compare(cpu_draft, gpu_draft, tally, "draft", draft);
       std::vector<HostLogits> dense;
       std::vector<HostLogits> topn_values;
       std::vector<std::vector<int32_t>> topn_ids(requests);
@@ -374,13 +443,12 @@ TEST(CudaBackend, DecodeAndDraftMatchCpu) {
         decode.requests.push_back(r);
       }
       Compare(RunStep(*cpu, decode), RunStep(*gpu, decode), tally,
-              "decode form " + std::to_string(form) + " seed " + std::to_string(seed));
+              "decode form " + std::to_string(form) + " seed " + std::to_string(seed), decode);
       if (HasFatalFailure()) return;
     }
   }
   std::printf("decode/draft: %d requests, %d token mismatches\n", tally.requests,
               tally.token_mismatches);
-  EXPECT_LE(tally.token_mismatches, 1);
 }
 
 // The CUDA pool keeps DRAFT rows in device memory (V rounded up to 32 floats each): a pool of
@@ -530,7 +598,7 @@ TEST(CudaBackend, ValuesLeavingFloat32FailTheirRequestOnEveryPath) {
         }
         EXPECT_TRUE(on_cpu.results[4].status.ok()) << what << ": " << on_cpu.results[4].status;
         EXPECT_TRUE(on_cpu.results[5].status.ok()) << what << ": " << on_cpu.results[5].status;
-        Compare(on_cpu, RunStep(*gpu, step), tally, what);
+        Compare(on_cpu, RunStep(*gpu, step), tally, what, step);
         if (HasFatalFailure()) return;
       }
     }

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "cuda/cuda_status.h"
 
 namespace samplerd {
 namespace {
@@ -32,8 +33,8 @@ absl::StatusOr<std::unique_ptr<CudaIpcMemory>> CudaIpcMemory::Open(const char* h
   if (byte_size < 0) return absl::InvalidArgumentError("byte_size: must be >= 0");
   cudaError_t error = cudaSetDevice(device);
   if (error != cudaSuccess) {
-    return absl::FailedPreconditionError(absl::StrCat("device_id: ", device, ": ",
-                                                      cudaGetErrorString(error)));
+    return CudaStatus(error, absl::StrCat("device_id: ", device),
+                      absl::StatusCode::kFailedPrecondition);
   }
   cudaIpcMemHandle_t ipc;
   static_assert(sizeof(ipc) == 64, "cudaIpcMemHandle_t is 64 bytes");
@@ -42,9 +43,8 @@ absl::StatusOr<std::unique_ptr<CudaIpcMemory>> CudaIpcMemory::Open(const char* h
   error = cudaIpcOpenMemHandle(&data, ipc, cudaIpcMemLazyEnablePeerAccess);
   if (error != cudaSuccess) {
     cudaGetLastError();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cuda_ipc_handle: cannot open the handle on device ", device, ": ",
-        cudaGetErrorName(error), " (", cudaGetErrorString(error), ")"));
+    return CudaStatus(error, absl::StrCat("cuda_ipc_handle: cannot open the handle on device ", device),
+                      absl::StatusCode::kFailedPrecondition);
   }
   auto range = AddressRangeFn();
   CUdeviceptr base = 0;
@@ -70,7 +70,7 @@ CudaIpcMemory::~CudaIpcMemory() { cudaIpcCloseMemHandle(data_); }
 absl::StatusOr<std::unique_ptr<CudaIpcEvent>> CudaIpcEvent::Open(const char* handle, int device) {
   cudaError_t error = cudaSetDevice(device);
   if (error != cudaSuccess) {
-    return absl::FailedPreconditionError(absl::StrCat("device: ", cudaGetErrorString(error)));
+    return CudaStatus(error, "device", absl::StatusCode::kFailedPrecondition);
   }
   cudaIpcEventHandle_t ipc;
   static_assert(sizeof(ipc) == 64, "cudaIpcEventHandle_t is 64 bytes");
@@ -79,8 +79,8 @@ absl::StatusOr<std::unique_ptr<CudaIpcEvent>> CudaIpcEvent::Open(const char* han
   error = cudaIpcOpenEventHandle(&event, ipc);
   if (error != cudaSuccess) {
     cudaGetLastError();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "ready_event: cannot open the event handle: ", cudaGetErrorName(error)));
+    return CudaStatus(error, "ready_event: cannot open the event handle",
+                      absl::StatusCode::kFailedPrecondition);
   }
   return std::unique_ptr<CudaIpcEvent>(new CudaIpcEvent(event));
 }

@@ -7,18 +7,24 @@
 
 #include <cuda_runtime.h>
 
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
 namespace samplerd {
 
-inline absl::Status CudaStatus(cudaError_t error, const char* what) {
+// `code` overrides the mapping where the caller knows better (e.g. FAILED_PRECONDITION for a
+// client's handle that does not open; `what` then names the request field).
+inline absl::Status CudaStatus(cudaError_t error, const std::string& what,
+                               absl::StatusCode code = absl::StatusCode::kOk) {
   if (error == cudaSuccess) return absl::OkStatus();
-  const absl::StatusCode code =
-      (error == cudaErrorNoDevice || error == cudaErrorInsufficientDriver ||
-       error == cudaErrorDevicesUnavailable)
-          ? absl::StatusCode::kUnavailable
-          : absl::StatusCode::kInternal;
+  if (code == absl::StatusCode::kOk) {
+    code = (error == cudaErrorNoDevice || error == cudaErrorInsufficientDriver ||
+            error == cudaErrorDevicesUnavailable)
+               ? absl::StatusCode::kUnavailable
+               : absl::StatusCode::kInternal;
+  }
   return absl::Status(code, absl::StrCat(what, ": ", cudaGetErrorName(error), " (",
                                          cudaGetErrorString(error), ")"));
 }

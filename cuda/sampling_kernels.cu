@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(kPrepareThreads) PrepareRowsKernel(StepParams 
   for (int c = begin + threadIdx.x; c < end; c += kPrepareThreads) {
     float v = LoadLogit(row, p.dtype, c);
     bad |= !(v < INFINITY);  // NaN or +inf in a real column
-    if (use_mask && ((job.mask[c >> 3] >> (c & 7)) & 1) == 0) v = kNegInf;
+    if (use_mask && !MaskAllows(job.mask, c)) v = kNegInf;
     x[c] = v;
     local_max = fmaxf(local_max, v);
   }
@@ -45,16 +45,9 @@ __global__ void __launch_bounds__(kPrepareThreads) PrepareRowsKernel(StepParams 
   }
 }
 
-// SPEC 3 step 3 on one token (as sampler/penalties.h's ApplyPenalty on the CPU).
+// SPEC 3 step 3 on one token: sampler/spec_rules.h's ApplyPenalty, as on the CPU.
 __device__ __forceinline__ float ApplyPenaltyTerm(float v, const Penalty& pen) {
-  if (pen.repetition != 1.0f) v = v > 0.0f ? v / pen.repetition : v * pen.repetition;
-  if (pen.count > 0) v = v - (pen.presence + pen.frequency * static_cast<float>(pen.count));
-  return v;
-}
-
-// A finite value that became +-inf: SPEC 3 makes it an error of the request.
-__device__ __forceinline__ bool LeftFloatRange(float before, float after) {
-  return isfinite(before) && !isfinite(after);
+  return ApplyPenalty(v, pen.repetition, pen.presence, pen.frequency, pen.count);
 }
 
 // The temperature step on a row whose finite values of x lie in [x_min, x_max]: division by
@@ -351,8 +344,8 @@ __device__ void FinishCandidates(Shared& sh, const RowJob& job, RowResult& out, 
       const int i = d >= 0 ? index_of(d) : -1;
       const double p_d = i >= 0 ? static_cast<double>(expf(sh.cand_s[i] - M)) / Zk : 0.0;
       const double q_d = d >= 0 ? exp(static_cast<double>(job.q_dense[d])) : 0.0;
-      const double u = Uniform(job.seed, 3 * job.position + 2);
-      accepted = d >= 0 && q_d > 0.0 && u < p_d / q_d;
+      const double u = UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kAcceptReject));
+      accepted = AcceptDraft(d, u, p_d, q_d);
       if (accepted) {
         token = d;
       } else {
@@ -371,7 +364,7 @@ __device__ void FinishCandidates(Shared& sh, const RowJob& job, RowResult& out, 
         int positive = 0;
         for (int i = threadIdx.x; i < kept; i += blockDim.x) positive += sh.cand_key[i] != kNegInf;
         positive = BlockReduce(positive, SumOp(), sh.scratch_i);
-        const double u_r = Uniform(job.seed, 3 * job.position + 1);
+        const double u_r = UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kReplacement));
         if (positive > 0) {
           const double total = PrefixSums(sh, positive, residual);
           token = sh.cand_id[FirstExceeding(sh, positive, u_r * total)];
@@ -387,7 +380,7 @@ __device__ void FinishCandidates(Shared& sh, const RowJob& job, RowResult& out, 
       token = job.golden;
       accepted = job.kind == kRowVerify && job.draft_token == job.golden;
     } else {
-      const double u = Uniform(job.seed, 3 * job.position + 0);
+      const double u = UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kFresh));
       token = sh.cand_id[FirstExceeding(sh, kept, u * Zk)];
     }
     const int ti = index_of(token);
@@ -637,11 +630,13 @@ __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) {
         const bool d_kept = d >= 0 && kept_fn(d, &s_d);
         const double p_d = d_kept ? static_cast<double>(expf(s_d - M)) / Zk : 0.0;
         const double q_d = d >= 0 ? exp(static_cast<double>(job.q_dense[d])) : 0.0;
-        accepted = d >= 0 && q_d > 0.0 && Uniform(job.seed, 3 * job.position + 2) < p_d / q_d;
+        accepted = AcceptDraft(
+            d, UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kAcceptReject)), p_d,
+            q_d);
         if (accepted) {
           token = d;
         } else {
-          const double u_r = Uniform(job.seed, 3 * job.position + 1);
+          const double u_r = UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kReplacement));
           auto residual = [&](int c, uint32_t* k) -> unsigned long long {
             float s;
             double r = 0.0;
@@ -670,7 +665,7 @@ __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) {
         accepted = job.kind == kRowVerify && job.draft_token == job.golden;
       } else {
         RadixSelect(sh, V, kept_mass,
-                    static_cast<unsigned long long>(Uniform(job.seed, 3 * job.position) *
+                    static_cast<unsigned long long>(UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kFresh)) *
                                                     static_cast<double>(Zk_mass)));
         token = sh.sel_id;
         __syncthreads();
@@ -782,7 +777,7 @@ __device__ void LoadChunk(const StepParams& p, const RowJob& job, const char* ro
   auto admitted = [&](int i, float v) {
     bad |= !(v < INFINITY) ? kRowNonFinite : 0;
     const int c = lo + i;
-    if (use_mask && ((job.mask[c >> 3] >> (c & 7)) & 1) == 0) v = kNegInf;
+    if (use_mask && !MaskAllows(job.mask, c)) v = kNegInf;
     m = fmaxf(m, v);
     mn = fminf(mn, v == kNegInf ? INFINITY : v);
     return v;

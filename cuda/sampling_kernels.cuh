@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "cuda/sampling_launch.h"
+#include "sampler/spec_rules.h"
 
 namespace samplerd {
 namespace cuda {
@@ -30,15 +31,12 @@ constexpr int kDistanceBins = 256;      // distance-from-max histogram, 0.25 nat
 constexpr float kBinsPerNat = 4.0f;
 constexpr double kMassScale = 1099511627776.0;  // 2^40
 
-__device__ __forceinline__ uint32_t OrderKey(float f) {
-  const uint32_t b = __float_as_uint(f);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
+// OrderKey (sampler/spec_rules.h) back to the float.
 __device__ __forceinline__ float FromOrderKey(uint32_t k) {
   return __uint_as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
 }
 
-__device__ __forceinline__ float LoadLogit(const void* row, int32_t dtype, int32_t c) {
+__device__ __forceinline__ float LoadLogit(const void* row, LogitsDType dtype, int32_t c) {
   switch (dtype) {
     case kBF16:
       return __bfloat162float(static_cast<const __nv_bfloat16*>(row)[c]);
@@ -47,15 +45,6 @@ __device__ __forceinline__ float LoadLogit(const void* row, int32_t dtype, int32
     default:
       return static_cast<const float*>(row)[c];
   }
-}
-
-// SplitMix64, SPEC 4.
-__device__ __forceinline__ double Uniform(uint64_t seed, uint64_t seq) {
-  uint64_t z = seed + (seq + 1) * 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  z = z ^ (z >> 31);
-  return static_cast<double>(z >> 11) * 0x1.0p-53;
 }
 
 __device__ __forceinline__ unsigned long long ToMass(double p) {

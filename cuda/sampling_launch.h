@@ -42,7 +42,7 @@ enum RowJobKind : int32_t {
 struct RowJob {
   // in: which logits row (of the step's tensor) this job reads; -1 never.
   int32_t logits_row;
-  int32_t kind;             // RowJobKind
+  RowJobKind kind;
   float temperature;        // > 0 (already normalised)
   float top_p;              // (0, 1]; 1 = off
   int32_t top_k;            // -1 = off
@@ -81,7 +81,7 @@ enum RowStatus : int32_t {
 
 // What a row job produces (device, copied back per step).
 struct RowResult {
-  int32_t status;           // 0 OK, else RowStatus bits (the first fault found wins)
+  int32_t status;           // 0 OK, else a set of RowStatus bits
   int32_t token;            // drawn / golden / accepted draft / replacement
   int32_t accepted;         // kRowVerify
   float logprob;
@@ -97,7 +97,7 @@ enum LogitsDType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
 struct StepParams {
   // in: the step's logits, device memory, [rows, >= V] with row_stride elements a row.
   const void* logits = nullptr;
-  int32_t dtype = kF32;
+  LogitsDType dtype = kF32;
   int64_t row_stride = 0;
   int32_t vocab_size = 0;          // V (columns >= V are padding)
   // in: jobs [num_jobs] and penalties [num_penalties], device memory.

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "sampler/dtype.h"
-#include "sampler/rng.h"
+#include "sampler/spec_rules.h"
 #include "sampler/row_kernels.h"
 #include "sampler/row_processor.h"
 #include "sampler/step_assembly.h"
@@ -193,7 +193,7 @@ absl::StatusOr<StepResult> CpuBackend::Sample(const StepPlan& plan) {
         const double p = draft >= 0 ? proc.Probability(draft) : 0.0;
         const double u = UniformDouble(request.seed,
                                        SequenceNumber(row.position, DrawCase::kAcceptReject));
-        out.accepted = draft >= 0 && q > 0.0 && u < p / q;
+        out.accepted = AcceptDraft(draft, u, p, q);
         if (out.accepted) {
           out.token = draft;
         } else {

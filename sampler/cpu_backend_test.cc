@@ -9,7 +9,7 @@
 #include <random>
 
 #include "sampler/reference_sampler.h"
-#include "sampler/rng.h"
+#include "sampler/spec_rules.h"
 #include "sampler/row_processor.h"
 #include "sampler/test_util.h"
 

@@ -8,7 +8,7 @@
 
 #include "sampler/cpu_backend.h"
 #include "sampler/reference_sampler.h"
-#include "sampler/rng.h"
+#include "sampler/spec_rules.h"
 #include "sampler/test_util.h"
 
 namespace samplerd {

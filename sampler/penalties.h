@@ -22,13 +22,7 @@ std::vector<PenaltyTerm> PenaltyTerms(absl::Span<const int32_t> prompt,
                                       absl::Span<const int32_t> output,
                                       absl::Span<const int32_t> extra);
 
-// x after repetition (for every term), then presence and frequency (for output terms).
-inline float ApplyPenalty(float x, const PenaltyTerm& term, float repetition, float presence,
-                          float frequency) {
-  if (repetition != 1.0f) x = x > 0.0f ? x / repetition : x * repetition;
-  if (term.count > 0) x = x - (presence + frequency * static_cast<float>(term.count));
-  return x;
-}
+// Applying a term to a score is sampler/spec_rules.h's ApplyPenalty (shared with the kernels).
 
 }  // namespace samplerd
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "sampler/dtype.h"
 #include "sampler/penalties.h"
+#include "sampler/spec_rules.h"
 #include "sampler/row_kernels.h"
 
 namespace samplerd {
@@ -18,12 +19,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // A bucket of the score order: the top 12 bits of the float's order-preserving key.
 constexpr int kBucketBits = 12;
 constexpr int kNumBuckets = 1 << kBucketBits;
-inline uint32_t ScoreBucket(float score) {
-  uint32_t bits;
-  std::memcpy(&bits, &score, sizeof(bits));
-  const uint32_t key = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-  return key >> (32 - kBucketBits);
-}
+inline uint32_t ScoreBucket(float score) { return OrderKey(score) >> (32 - kBucketBits); }
 
 // SPEC 5's inverse-CDF draw over weights w(t), t in [0, vocab), in the order "weight
 // descending, ties by lower id", without sorting the vocabulary: the mass per bucket of the
@@ -153,7 +149,7 @@ void RowProcessor::ApplyMask(const unsigned char* mask) {
     if (bits == 0xFFu) continue;
     const int32_t end = std::min(vocab, byte * 8 + 8);
     for (int32_t t = byte * 8; t < end; ++t) {
-      if (((bits >> (t & 7)) & 1u) == 0) scores_[t] = kNegInf;
+      if (!MaskAllows(mask, t)) scores_[t] = kNegInf;
     }
   }
 }
@@ -164,9 +160,9 @@ bool RowProcessor::ApplyPenalties(const RowOptions& options) {
   for (const PenaltyTerm& term : PenaltyTerms(options.prompt_tokens, options.output_tokens,
                                               options.extra_output_tokens)) {
     const float x = scores_[term.token];
-    const float y = ApplyPenalty(x, term, params.repetition_penalty, params.presence_penalty,
-                                 params.frequency_penalty);
-    in_range &= !(std::isfinite(x) && !std::isfinite(y));
+    const float y = ApplyPenalty(x, params.repetition_penalty, params.presence_penalty,
+                                 params.frequency_penalty, term.count);
+    in_range &= !LeftFloatRange(x, y);
     scores_[term.token] = y;
   }
   return in_range;

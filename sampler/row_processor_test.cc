@@ -6,7 +6,7 @@
 #include <random>
 
 #include "sampler/reference_sampler.h"
-#include "sampler/rng.h"
+#include "sampler/spec_rules.h"
 #include "sampler/test_util.h"
 
 namespace samplerd {

@@ -6,7 +6,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "sampler/rng.h"
+#include "sampler/spec_rules.h"
 
 namespace samplerd {
 namespace {

@@ -153,9 +153,10 @@ absl::StatusOr<const void*> BufferRegistry::Resolve(const v1::Tensor& tensor, in
       return data;
     }
     case v1::Tensor::kNccl:
+      // The service receives NCCL logits inside the step's group turn and resolves them
+      // itself (sampler_service.cc, StepResolver); a registry alone has no group.
       return absl::FailedPreconditionError(absl::StrCat(
-          field, ".nccl: NCCL logits need a context-parallel group, which this server does not "
-                 "support yet"));
+          field, ".nccl: NCCL logits are received through a context-parallel group"));
     default:
       return absl::InvalidArgumentError(absl::StrCat(field, ": not a registered-buffer source"));
   }

@@ -1,4 +1,4 @@
-#include "sampler/rng.h"
+#include "sampler/spec_rules.h"
 
 #include <gtest/gtest.h>
 
