@@ -18,6 +18,7 @@
 #include "sampler/row_processor.h"
 #include "sampler/status_macros.h"
 #include "cuda/cuda_status.h"
+#include "cuda/stage_probe.h"
 #include "sampler/step_assembly.h"
 
 namespace samplerd {
@@ -309,10 +310,13 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
     params.num_fused = num_fused;
   }
   if (stage_timing) {
+    // Benchmarks only: the instrumented kernels (//cuda:cuda_backend_probed) stamp their stages.
     RETURN_IF_ERROR(stage_d.Reserve(kStageEntries * sizeof(unsigned long long)));
     SAMPLERD_CUDA_RETURN(cudaMemsetAsync(stage_d.as<void>(), 0, kStageEntries * sizeof(unsigned long long), stream));
-    params.debug_flags = debug_flags;
-    params.stage_times = stage_d.as<unsigned long long>();
+    cuda::StageProbe probe;
+    probe.stage_times = stage_d.as<unsigned long long>();
+    probe.flags = debug_flags & 0xff;
+    SAMPLERD_CUDA_RETURN(cuda::SetStageProbe(probe));
   }
   if (const char* invalid = params.Validate(); invalid != nullptr) {
     return absl::InternalError(absl::StrCat("cuda step params: ", invalid));
@@ -368,6 +372,8 @@ float CudaBackend::last_kernel_us() const { return impl_->kernel_us; }
 void CudaBackend::set_stage_timing(bool on, int debug_flags) {
   impl_->stage_timing = on;
   impl_->debug_flags = debug_flags;
+  // Off: the probe points nowhere again (the production kernels have none: an error, ignored).
+  if (!on) cuda::SetStageProbe(cuda::StageProbe{});
 }
 std::vector<double> CudaBackend::last_stage_us() const { return impl_->stage_us; }
 

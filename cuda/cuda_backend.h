@@ -44,9 +44,10 @@ class CudaBackend final : public Backend {
 
   // Kernel time of the last step, in microseconds (CUDA events around the launches).
   float last_kernel_us() const;
-  // Benchmarks: record the fused kernel's stage times (ns since its start) of the next steps.
-  // `debug_flags`: see cuda::StepParams::debug_flags (timing experiments only), and
-  // kDebugNoSplitPath: every row on the fused path (to compare the two in one run).
+  // Benchmarks: record the kernels' stage times (ns since their start) of the next steps; needs
+  // the instrumented kernels (link //cuda:cuda_backend_probed; the production backend's steps
+  // then fail INTERNAL). `debug_flags`: the low byte is cuda::StageProbe::flags (timing
+  // experiments only); kDebugNoSplitPath puts every row on the fused path (either build).
   static constexpr int kDebugNoSplitPath = 1 << 8;
   void set_stage_timing(bool on, int debug_flags = 0);
   std::vector<double> last_stage_us() const;

@@ -6,6 +6,7 @@
 #include <cooperative_groups.h>
 
 #include "cuda/sampling_kernels.cuh"
+#include "cuda/stage_probe.h"
 
 namespace samplerd {
 namespace cuda {
@@ -761,6 +762,17 @@ __device__ __forceinline__ unsigned long long GlobalTimer() {
   return t;
 }
 
+// The benchmarks' stage probe (stage_probe.h): in the instrumented archive only. In production
+// ProbeTimes() is a constant null and ProbeFlags() 0, so the stamps and switches compile away.
+#if defined(SAMPLERD_STAGE_PROBE)
+__constant__ StageProbe g_stage_probe;
+__device__ __forceinline__ unsigned long long* ProbeTimes() { return g_stage_probe.stage_times; }
+__device__ __forceinline__ int32_t ProbeFlags() { return g_stage_probe.flags; }
+#else
+__device__ __forceinline__ unsigned long long* ProbeTimes() { return nullptr; }
+__device__ __forceinline__ int32_t ProbeFlags() { return 0; }
+#endif
+
 // Loads elements [lo, lo + n) of a job's logits row into xs (padding is never read) in one
 // pass: NaN / +inf in a real column sets kRowNonFinite in *bad, the grammar mask (not for
 // prompt rows) makes removed tokens -inf, *m is the max and *mn the least finite value (+inf
@@ -864,9 +876,9 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
   const int rank = static_cast<int>(cluster.block_rank());
   const int j = p.fused_jobs != nullptr ? p.fused_jobs[blockIdx.x / kClusterBlocks]
                                          : static_cast<int>(blockIdx.x / kClusterBlocks);
-  const bool timed = p.stage_times != nullptr && blockIdx.x / kClusterBlocks == 0 && rank == 0;
+  const bool timed = ProbeTimes() != nullptr && blockIdx.x / kClusterBlocks == 0 && rank == 0;
   auto stage = [&](int k) {
-    if (timed && threadIdx.x == 0) p.stage_times[k] = GlobalTimer();
+    if (timed && threadIdx.x == 0) ProbeTimes()[k] = GlobalTimer();
   };
   stage(0);
   extern __shared__ float xs[];
@@ -969,7 +981,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
     const float t = (v - x_max) * scale;  // log2 of exp(s - M); -inf for removed tokens
     const float e = exp2f(t);
     z4[lane4] += e;
-    if (p.debug_flags & 1) return;
+    if (ProbeFlags() & 1) return;
 #pragma unroll
     for (int k = 0; k < kNumThresholds; ++k) {
       const bool in = t >= kLog2Thresholds[k];
@@ -990,7 +1002,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
       static_cast<double>(z4[3]);
   // One multi-value block reduction: warps by shuffles, then a fixed sum over warps.
   stage(7);
-  if (!(p.debug_flags & 2)) {
+  if (!(ProbeFlags() & 2)) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     double vals[1 + 2 * kNumThresholds];
     vals[0] = z;
@@ -1208,9 +1220,9 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitChunkKe
   const SplitLayout layout(p);
   const int64_t slot = static_cast<int64_t>(split_index) * layout.chunks + chunk;
   // Benchmarks: %globaltimer at stage ends of split job 0's chunk 0 (stage_times[9..14]).
-  const bool timed = p.stage_times != nullptr && split_index == 0 && chunk == 0;
+  const bool timed = ProbeTimes() != nullptr && split_index == 0 && chunk == 0;
   auto stage = [&](int k) {
-    if (timed && threadIdx.x == 0) p.stage_times[k] = GlobalTimer();
+    if (timed && threadIdx.x == 0) ProbeTimes()[k] = GlobalTimer();
   };
   stage(9);
   if (threadIdx.x == 0) {
@@ -1324,9 +1336,9 @@ __global__ void __launch_bounds__(kSplitFinishThreads, 2) SplitFinishKernel(Step
   const SplitPartial* parts = layout.partials + static_cast<int64_t>(split_index) * C;
   const float T = job.temperature;
   const int K = job.top_k;
-  const bool timed = p.stage_times != nullptr && split_index == 0;  // stage_times[15..17]
+  const bool timed = ProbeTimes() != nullptr && split_index == 0;  // stage_times[15..17]
   auto stage = [&](int k) {
-    if (timed && threadIdx.x == 0) p.stage_times[k] = GlobalTimer();
+    if (timed && threadIdx.x == 0) ProbeTimes()[k] = GlobalTimer();
   };
   stage(15);
   if (threadIdx.x < C) chunk_part[threadIdx.x] = parts[threadIdx.x];  // all loads in flight at once
@@ -1424,6 +1436,15 @@ __global__ void __launch_bounds__(kSplitFinishThreads, 2) SplitFinishKernel(Step
 }
 
 }  // namespace detail
+
+cudaError_t SetStageProbe(const StageProbe& probe) {
+#if defined(SAMPLERD_STAGE_PROBE)
+  return cudaMemcpyToSymbol(detail::g_stage_probe, &probe, sizeof(probe));
+#else
+  (void)probe;
+  return cudaErrorNotSupported;  // the production kernels carry no probe
+#endif
+}
 
 const char* StepParams::Validate() const {
   if (logits == nullptr) return "logits is null";

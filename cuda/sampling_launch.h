@@ -117,14 +117,6 @@ struct StepParams {
   void* split_scratch = nullptr;
   const int32_t* fused_jobs = nullptr;
   int32_t num_fused = 0;
-  // Optional (benchmarks): the fused kernel's block 0 of its first job writes %globaltimer at
-  // its stage boundaries here (entries 0-8, nanoseconds), the split kernels for split job 0
-  // theirs (9-17). Null = off.
-  unsigned long long* stage_times = nullptr;
-  // Benchmarks only: bit 0 skips the threshold counts, bit 1 the partial reduction (results
-  // are then wrong; used to time stages by leaving one out).
-  int32_t debug_flags = 0;
-
   // INVALID_ARGUMENT-style check: returns nullptr when valid, else a message.
   const char* Validate() const;
   // Bytes of `workspace` plus `row_max` for `num_jobs` rows of `vocab_size`.
