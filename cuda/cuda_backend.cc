@@ -57,7 +57,7 @@ using DeviceBuffer = GrowBuffer<DeviceAlloc, cudaFree>;
 using PinnedBuffer = GrowBuffer<PinnedAlloc, cudaFreeHost>;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr int kStageEntries = 18;  // cuda::StepParams::stage_times: fused [0, 9), split [9, 18)
+constexpr int kStageEntries = 18;  // cuda::StageProbe::stage_times: fused [0, 9), split [9, 18)
 // Jobs of one launch: bounds the workspace (jobs x V floats) whatever the prompt length.
 constexpr int kMaxJobsPerLaunch = 8192;
 
