@@ -30,6 +30,8 @@ constexpr size_t kMaxFusedChunkBytes = 160 * 1024;  // dynamic shared memory per
 constexpr int kDistanceBins = 256;      // distance-from-max histogram, 0.25 nat bins
 constexpr float kBinsPerNat = 4.0f;
 constexpr double kMassScale = 1099511627776.0;  // 2^40
+constexpr int kSplitMaxChunks = 64;     // split path: SplitPathEligible keeps chunks * top_k <= 2048
+constexpr float kNegInf = -INFINITY;
 
 // OrderKey (sampler/spec_rules.h) back to the float.
 __device__ __forceinline__ float FromOrderKey(uint32_t k) {

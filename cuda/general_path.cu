@@ -1,0 +1,132 @@
+// The general path: prepare (logits -> x with padding, NaN check, grammar mask, each row's
+// max), the penalties kernel, then one block per row job running the general algorithm
+// (kernels/general.cuh). Also the step's parameter checks.
+#include <cfloat>
+#include <cmath>
+
+#include "cuda/kernels/general.cuh"
+
+namespace samplerd {
+namespace cuda {
+namespace detail {
+
+// ---------------------------------------------------------------------------------------------
+// Prepare: logits -> x (padding, NaN check, grammar mask), and each row's max of x.
+__global__ void __launch_bounds__(kPrepareThreads) PrepareRowsKernel(StepParams p) {
+  const int job_index = blockIdx.y;
+  const RowJob& job = p.jobs[job_index];
+  const int V = p.vocab_size;
+  const int begin = blockIdx.x * kPrepareChunk;
+  const int end = min(V, begin + kPrepareChunk);
+  const int elem = p.dtype == kF32 ? 4 : 2;
+  const void* row = static_cast<const char*>(p.logits) +
+                    static_cast<int64_t>(job.logits_row) * p.row_stride * elem;
+  float* x = p.workspace + static_cast<int64_t>(job_index) * V;
+  const bool use_mask = job.mask != nullptr && job.kind != kRowPrompt;
+  float local_max = kNegInf;
+  int bad = 0;
+  for (int c = begin + threadIdx.x; c < end; c += kPrepareThreads) {
+    float v = LoadLogit(row, p.dtype, c);
+    bad |= !(v < INFINITY);  // NaN or +inf in a real column
+    if (use_mask && !MaskAllows(job.mask, c)) v = kNegInf;
+    x[c] = v;
+    local_max = fmaxf(local_max, v);
+  }
+  __shared__ float scratch_f[32];
+  __shared__ int scratch_i[32];
+  local_max = BlockReduce(local_max, MaxOp(), scratch_f);
+  bad = BlockReduce(bad, MaxOp(), scratch_i);
+  if (threadIdx.x == 0) {
+    if (bad) atomicOr(reinterpret_cast<int*>(&p.results[job_index].status), kRowNonFinite);
+    atomicMax(&p.row_max[job_index], OrderKey(local_max));  // max is order-independent
+  }
+}
+
+// Penalties: one thread per (job, token) entry; entries of a job name distinct tokens.
+__global__ void PenaltiesKernel(StepParams p) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= p.num_penalties) return;
+  // Find the job owning entry i (jobs' ranges are sorted and disjoint).
+  int lo = 0, hi = p.num_jobs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (p.jobs[mid].penalty_end <= i) lo = mid + 1; else hi = mid;
+  }
+  const Penalty& pen = p.penalties[i];
+  float* x = p.workspace + static_cast<int64_t>(lo) * p.vocab_size;
+  const float v = ApplyPenaltyTerm(x[pen.token], pen);
+  if (LeftFloatRange(x[pen.token], v)) {
+    atomicOr(reinterpret_cast<int*>(&p.results[lo].status), kRowOverflow);
+  }
+  x[pen.token] = v;
+}
+
+__global__ void __launch_bounds__(kSampleThreads) SampleRowsKernel(StepParams p) {
+  __shared__ Shared sh;
+  // A NaN / +inf found by the prepare kernel, or a penalty overflow by the penalties kernel.
+  if (p.results[blockIdx.x].status != 0) return;
+  SampleRowGeneral(p, blockIdx.x, sh);
+}
+
+}  // namespace detail
+
+const char* StepParams::Validate() const {
+  if (logits == nullptr) return "logits is null";
+  if (dtype < kF32 || dtype > kF16) return "dtype is not FLOAT32, BFLOAT16 or FLOAT16";
+  if (vocab_size < 1) return "vocab_size must be >= 1";
+  if (row_stride < vocab_size) return "row_stride is less than vocab_size";
+  if (num_jobs < 0 || (num_jobs > 0 && jobs == nullptr)) return "jobs is null";
+  if (num_penalties < 0 || (num_penalties > 0 && penalties == nullptr)) return "penalties is null";
+  if (num_jobs > 0 && (workspace == nullptr || row_max == nullptr || results == nullptr)) {
+    return "workspace, row_max and results are required";
+  }
+  if (num_split < 0 || (num_split > 0 && (split_jobs == nullptr || split_scratch == nullptr))) {
+    return "split_jobs and split_scratch are required";
+  }
+  if (num_split > 0 && (vocab_size + kSplitChunk - 1) / kSplitChunk > detail::kSplitMaxChunks) {
+    return "vocab_size has too many chunks for the split path";
+  }
+  if (num_fused < 0 || (num_fused > 0 && fused_jobs == nullptr)) return "fused_jobs is null";
+  return nullptr;
+}
+
+size_t StepParams::WorkspaceBytes(int32_t num_jobs, int32_t vocab_size) {
+  return static_cast<size_t>(num_jobs) * vocab_size * sizeof(float) +
+         static_cast<size_t>(num_jobs) * sizeof(unsigned int);
+}
+
+cudaError_t LaunchPrepareRows(const StepParams& params, cudaStream_t stream) {
+  if (params.num_jobs == 0) return cudaSuccess;
+  const dim3 grid((params.vocab_size + detail::kPrepareChunk - 1) / detail::kPrepareChunk,
+                  params.num_jobs);
+  detail::PrepareRowsKernel<<<grid, detail::kPrepareThreads, 0, stream>>>(params);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchPenalties(const StepParams& params, cudaStream_t stream) {
+  if (params.num_penalties == 0) return cudaSuccess;
+  const int threads = 256;
+  detail::PenaltiesKernel<<<(params.num_penalties + threads - 1) / threads, threads, 0, stream>>>(
+      params);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSampleRows(const StepParams& params, cudaStream_t stream) {
+  if (params.num_jobs == 0) return cudaSuccess;
+  detail::SampleRowsKernel<<<params.num_jobs, detail::kSampleThreads, 0, stream>>>(params);
+  return cudaGetLastError();
+}
+
+cudaError_t SetStageProbeFused(const StageProbe& probe);
+cudaError_t SetStageProbeSplit(const StageProbe& probe);
+
+// The probe has one __constant__ copy per translation unit that stamps (no relocatable device
+// code): set each.
+cudaError_t SetStageProbe(const StageProbe& probe) {
+  if (cudaError_t e = SetStageProbeFused(probe); e != cudaSuccess) return e;
+  return SetStageProbeSplit(probe);
+}
+
+
+}  // namespace cuda
+}  // namespace samplerd

@@ -1,0 +1,151 @@
+// Device code, private to cuda/: finishing a row from its candidates, the one place of the
+// kept-set cuts (SPEC 3 steps 6-9: top-p, top-k, min-p, log_softmax), the draw (5), the
+// verification (6) and the outputs (7) that the fused and split paths end in.
+#ifndef SAMPLERD_CUDA_KERNELS_FINISH_CUH_
+#define SAMPLERD_CUDA_KERNELS_FINISH_CUH_
+
+#include "cuda/kernels/row_prologue.cuh"
+#include "cuda/kernels/selection.cuh"
+
+namespace samplerd {
+namespace cuda {
+namespace detail {
+
+// The rest of SPEC 3 and all of SPEC 5-7 for a row whose kept set (and top logprobs) lie in
+// the candidates sh.cand_id/cand_s [0, n_cand), a prefix of the order: sort, top-p (over the
+// full Z), top-k, min-p, log_softmax, then the draw or verification, and the outputs.
+static __device__ void FinishCandidates(Shared& sh, const RowJob& job, RowResult& out, int V, float M,
+                                 double Z, int n_cand) {
+  const bool prompt = job.kind == kRowPrompt;
+  const bool top_k = job.top_k > 0 && job.top_k < V;
+  const bool top_p = job.top_p < 1.0f;
+  const float min_p = prompt ? 0.0f : job.min_p;
+  for (int i = threadIdx.x; i < n_cand; i += blockDim.x) sh.cand_key[i] = sh.cand_s[i];
+  __syncthreads();
+  SortCandidates(sh, n_cand);
+  int kept = n_cand;
+  PrefixSums(sh, n_cand, [&](int i) { return static_cast<double>(expf(sh.cand_s[i] - M)); });
+  if (top_p) {
+    if (threadIdx.x == 0) sh.count = n_cand;
+    __syncthreads();
+    const double limit = static_cast<double>(job.top_p);
+    for (int i = threadIdx.x; i < n_cand; i += blockDim.x) {
+      const double before = i > 0 ? sh.cum[i - 1] : 0.0;
+      if (before / Z > limit) atomicMin(&sh.count, i);
+    }
+    __syncthreads();
+    kept = sh.count;
+    __syncthreads();
+  }
+  if (top_k) kept = min(kept, job.top_k);
+  if (min_p > 0.0f) {
+    if (threadIdx.x == 0) sh.count = kept;
+    __syncthreads();
+    for (int i = threadIdx.x; i < kept; i += blockDim.x) {
+      if (i > 0 && expf(sh.cand_s[i] - M) < min_p) atomicMin(&sh.count, i);
+    }
+    __syncthreads();
+    kept = sh.count;
+    __syncthreads();
+  }
+  const double Zk = PrefixSums(sh, kept, [&](int i) { return static_cast<double>(expf(sh.cand_s[i] - M)); });
+  const double log_zk = log(Zk);
+  auto index_of = [&](int t) -> int {
+    if (threadIdx.x == 0) sh.count = -1;
+    __syncthreads();
+    for (int i = threadIdx.x; i < kept; i += blockDim.x) {
+      if (sh.cand_id[i] == t) sh.count = i;
+    }
+    __syncthreads();
+    const int r = sh.count;
+    __syncthreads();
+    return r;
+  };
+  auto lp_at = [&](int i) {
+    return static_cast<float>(static_cast<double>(sh.cand_s[i]) - M - log_zk);
+  };
+  int token = -1, accepted = 0;
+  float logprob = kNegInf, sum_smaller = 0.0f, prompt_lp = kNegInf;
+  if (prompt) {
+    const int i = index_of(job.target);
+    prompt_lp = i >= 0 ? lp_at(i) : kNegInf;
+  } else {
+    if (job.kind == kRowVerify && job.golden < 0) {
+      const int d = job.draft_token;
+      const int i = d >= 0 ? index_of(d) : -1;
+      const double p_d = i >= 0 ? static_cast<double>(expf(sh.cand_s[i] - M)) / Zk : 0.0;
+      const double q_d = d >= 0 ? exp(static_cast<double>(job.q_dense[d])) : 0.0;
+      const double u = UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kAcceptReject));
+      accepted = AcceptDraft(d, u, p_d, q_d);
+      if (accepted) {
+        token = d;
+      } else {
+        // Residual max(0, p - q) over the kept set, in the order (residual desc, id asc).
+        auto residual = [&](int i) {
+          const double r = static_cast<double>(expf(sh.cand_s[i] - M)) / Zk -
+                           exp(static_cast<double>(job.q_dense[sh.cand_id[i]]));
+          return r > 0.0 ? r : 0.0;
+        };
+        for (int i = threadIdx.x; i < kept; i += blockDim.x) {
+          const double r = residual(i);
+          sh.cand_key[i] = r > 0.0 ? static_cast<float>(r) : kNegInf;
+        }
+        __syncthreads();
+        SortCandidates(sh, kept);
+        int positive = 0;
+        for (int i = threadIdx.x; i < kept; i += blockDim.x) positive += sh.cand_key[i] != kNegInf;
+        positive = BlockReduce(positive, SumOp(), sh.scratch_i);
+        const double u_r = UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kReplacement));
+        if (positive > 0) {
+          const double total = PrefixSums(sh, positive, residual);
+          token = sh.cand_id[FirstExceeding(sh, positive, u_r * total)];
+        }
+        // Back to the target's order for the outputs (and for a draw from p).
+        for (int i = threadIdx.x; i < kept; i += blockDim.x) sh.cand_key[i] = sh.cand_s[i];
+        __syncthreads();
+        SortCandidates(sh, kept);
+        PrefixSums(sh, kept, [&](int i) { return static_cast<double>(expf(sh.cand_s[i] - M)); });
+        if (positive == 0) token = sh.cand_id[FirstExceeding(sh, kept, u_r * Zk)];
+      }
+    } else if (job.golden >= 0) {
+      token = job.golden;
+      accepted = job.kind == kRowVerify && job.draft_token == job.golden;
+    } else {
+      const double u = UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kFresh));
+      token = sh.cand_id[FirstExceeding(sh, kept, u * Zk)];
+    }
+    const int ti = index_of(token);
+    logprob = ti >= 0 ? lp_at(ti) : kNegInf;
+    if (job.want_sum_smaller && ti >= 0) {
+      const float pivot = sh.cand_s[ti];
+      double local = 0.0;
+      for (int i = threadIdx.x; i < kept; i += blockDim.x) {
+        const float s = sh.cand_s[i];
+        if (s < pivot || (s == pivot && sh.cand_id[i] <= token)) local += expf(s - M);
+      }
+      sum_smaller = static_cast<float>(BlockReduce(local, SumOp(), sh.scratch_d) / Zk);
+    }
+    for (int i = threadIdx.x; i < job.top_logprobs; i += blockDim.x) {
+      out.top_ids[i] = i < kept ? sh.cand_id[i] : -1;
+      out.top_logprobs[i] = i < kept ? lp_at(i) : kNegInf;
+    }
+    if (job.pool_out != nullptr) {
+      for (int c = threadIdx.x; c < V; c += blockDim.x) job.pool_out[c] = kNegInf;
+      __syncthreads();
+      for (int i = threadIdx.x; i < kept; i += blockDim.x) job.pool_out[sh.cand_id[i]] = lp_at(i);
+    }
+  }
+  if (threadIdx.x == 0) {
+    out.token = token;
+    out.accepted = accepted;
+    out.logprob = logprob;
+    out.sum_smaller = sum_smaller;
+    out.prompt_logprob = prompt_lp;
+  }
+}
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace samplerd
+
+#endif  // SAMPLERD_CUDA_KERNELS_FINISH_CUH_

@@ -1,0 +1,160 @@
+// Device code, private to cuda/: the row prologue every path shares (SPEC 3 steps 1-3 and the
+// row's faults): penalties on one token, the float32-range checks of the temperature, the row
+// status, loading a chunk of a row (padding, NaN, grammar mask, penalties), and the
+// benchmarks' stage stamps (stage_probe.h).
+#ifndef SAMPLERD_CUDA_KERNELS_ROW_PROLOGUE_CUH_
+#define SAMPLERD_CUDA_KERNELS_ROW_PROLOGUE_CUH_
+
+#include "cuda/sampling_kernels.cuh"
+#include "cuda/stage_probe.h"
+
+namespace samplerd {
+namespace cuda {
+namespace detail {
+
+// SPEC 3 step 3 on one token: sampler/spec_rules.h's ApplyPenalty, as on the CPU.
+__device__ __forceinline__ float ApplyPenaltyTerm(float v, const Penalty& pen) {
+  return ApplyPenalty(v, pen.repetition, pen.presence, pen.frequency, pen.count);
+}
+
+// The temperature step on a row whose finite values of x lie in [x_min, x_max]: division by
+// T > 0 is monotone, so some finite x / T overflows iff an extreme one does. x_min = +inf and
+// x_max = -inf when nothing is finite.
+__device__ __forceinline__ bool TemperatureOverflows(float x_min, float x_max, float T) {
+  return (x_max != kNegInf && isinf(x_max / T)) || (x_min != INFINITY && isinf(x_min / T));
+}
+
+// The row's status from what the load found (`bad`: kRowNonFinite / kRowOverflow bits), its
+// extreme finite values and T: 0 when the row can be sampled. `check_temperature` false: the
+// caller's general algorithm checks the temperature later (force top-N decides first which
+// values it sees).
+__device__ __forceinline__ int32_t RowFault(int bad, float x_min, float x_max, float T,
+                                            bool check_temperature) {
+  if (bad & kRowNonFinite) return kRowNonFinite;
+  if ((bad & kRowOverflow) || (check_temperature && TemperatureOverflows(x_min, x_max, T))) {
+    return kRowOverflow;
+  }
+  if (x_max == kNegInf) return kRowNoToken;
+  return 0;
+}
+
+__device__ __forceinline__ unsigned long long GlobalTimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// The benchmarks' stage probe (stage_probe.h): in the instrumented archive only. In production
+// ProbeTimes() is a constant null and ProbeFlags() 0, so the stamps and switches compile away.
+#if defined(SAMPLERD_STAGE_PROBE)
+// One copy per translation unit (no relocatable device code): SetStageProbe sets each.
+static __constant__ StageProbe g_stage_probe;
+__device__ __forceinline__ unsigned long long* ProbeTimes() { return g_stage_probe.stage_times; }
+__device__ __forceinline__ int32_t ProbeFlags() { return g_stage_probe.flags; }
+#else
+__device__ __forceinline__ unsigned long long* ProbeTimes() { return nullptr; }
+__device__ __forceinline__ int32_t ProbeFlags() { return 0; }
+#endif
+
+// Loads elements [lo, lo + n) of a job's logits row into xs (padding is never read) in one
+// pass: NaN / +inf in a real column sets kRowNonFinite in *bad, the grammar mask (not for
+// prompt rows) makes removed tokens -inf, *m is the max and *mn the least finite value (+inf
+// if none); then the job's sparse penalties that fall in the chunk (one pushing a finite value
+// out of float32 sets kRowOverflow), and the extremes again. Per-thread partials: the caller
+// reduces *bad (or), *m and *mn over the block. Any block size.
+static __device__ void LoadChunk(const StepParams& p, const RowJob& job, const char* row, int lo, int n,
+                          float* xs, int* bad_out, float* m_out, float* mn_out) {
+  const bool use_mask = job.mask != nullptr && job.kind != kRowPrompt;
+  int bad = 0;
+  float m = kNegInf, mn = INFINITY;
+  // x of token lo + i from its logit v (the mask, NaN / +inf, the max and the least finite
+  // value on the way).
+  auto admitted = [&](int i, float v) {
+    bad |= !(v < INFINITY) ? kRowNonFinite : 0;
+    const int c = lo + i;
+    if (use_mask && !MaskAllows(job.mask, c)) v = kNegInf;
+    m = fmaxf(m, v);
+    mn = fminf(mn, v == kNegInf ? INFINITY : v);
+    return v;
+  };
+  auto admit = [&](int i, float v) { xs[i] = admitted(i, v); };
+  // 16-byte loads, and 16-byte stores into xs: four scalar stores a thread would hit the same
+  // shared-memory banks four ways.
+  const bool xs_aligned = reinterpret_cast<uintptr_t>(xs) % 16 == 0;
+  const bool vector_f32 = p.dtype == kF32 && xs_aligned &&
+                          (reinterpret_cast<uintptr_t>(row) % 16 == 0) && (lo % 4 == 0);
+  if (vector_f32) {
+    const float4* src = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(row) + lo);
+    float4* dst = reinterpret_cast<float4*>(xs);
+    const int n4 = n / 4;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+      const float4 v = src[i];
+      dst[i] = make_float4(admitted(4 * i, v.x), admitted(4 * i + 1, v.y),
+                           admitted(4 * i + 2, v.z), admitted(4 * i + 3, v.w));
+    }
+    for (int i = 4 * n4 + threadIdx.x; i < n; i += blockDim.x) {
+      admit(i, reinterpret_cast<const float*>(row)[lo + i]);
+    }
+  } else if (p.dtype != kF32 && xs_aligned && (reinterpret_cast<uintptr_t>(row) % 16 == 0) &&
+             (lo % 8 == 0)) {
+    // 16-byte loads of eight bf16 / fp16 values.
+    const uint4* src = reinterpret_cast<const uint4*>(static_cast<const char*>(static_cast<const void*>(row)) + 2 * static_cast<int64_t>(lo));
+    float4* dst = reinterpret_cast<float4*>(xs);
+    const int n8 = n / 8;
+#pragma unroll 2
+    for (int i = threadIdx.x; i < n8; i += blockDim.x) {
+      const uint4 v = src[i];
+      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+      float out[8];
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const uint16_t lo16 = static_cast<uint16_t>(words[w] & 0xFFFFu);
+        const uint16_t hi16 = static_cast<uint16_t>(words[w] >> 16);
+        float a, b;
+        if (p.dtype == kBF16) {
+          a = __uint_as_float(static_cast<uint32_t>(lo16) << 16);
+          b = __uint_as_float(static_cast<uint32_t>(hi16) << 16);
+        } else {
+          a = __half2float(__ushort_as_half(lo16));
+          b = __half2float(__ushort_as_half(hi16));
+        }
+        out[2 * w] = admitted(8 * i + 2 * w, a);
+        out[2 * w + 1] = admitted(8 * i + 2 * w + 1, b);
+      }
+      dst[2 * i] = make_float4(out[0], out[1], out[2], out[3]);
+      dst[2 * i + 1] = make_float4(out[4], out[5], out[6], out[7]);
+    }
+    for (int i = 8 * n8 + threadIdx.x; i < n; i += blockDim.x) admit(i, LoadLogit(row, p.dtype, lo + i));
+  } else {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) admit(i, LoadLogit(row, p.dtype, lo + i));
+  }
+  if (job.penalty_end > job.penalty_begin) {
+    __syncthreads();
+    for (int k = job.penalty_begin + threadIdx.x; k < job.penalty_end; k += blockDim.x) {
+      const Penalty pen = p.penalties[k];
+      if (pen.token < lo || pen.token >= lo + n) continue;
+      const float before = xs[pen.token - lo];
+      const float v = ApplyPenaltyTerm(before, pen);
+      if (LeftFloatRange(before, v)) bad |= kRowOverflow;
+      xs[pen.token - lo] = v;
+    }
+    __syncthreads();
+    m = kNegInf;  // penalties move values: take the extremes again
+    mn = INFINITY;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const float v = xs[i];
+      m = fmaxf(m, v);
+      mn = fminf(mn, v == kNegInf ? INFINITY : v);
+    }
+  }
+  *bad_out = bad;
+  *m_out = m;
+  *mn_out = mn;
+}
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace samplerd
+
+#endif  // SAMPLERD_CUDA_KERNELS_ROW_PROLOGUE_CUH_
