@@ -86,9 +86,10 @@ absl::StatusOr<GroupRegistry::Created> GroupRegistry::Create(GroupConfig config)
         absl::StrCat("world_size: ", config.world_size, " is outside [1, 4096]"));
   }
   const int64_t packet_bytes = GroupPacketBytes(config.max_step_tokens);
-  if (packet_bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_step_tokens: ", config.max_step_tokens, " is outside [1, 16777216]"));
+  if (packet_bytes < 0 || config.max_step_tokens > options_.max_step_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("max_step_tokens: ", config.max_step_tokens,
+                                                   " is outside [1, ", options_.max_step_tokens,
+                                                   "] (the server's max_rows)"));
   }
   if (config.max_logits_bytes < 0 || config.max_logits_bytes > options_.max_logits_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("max_logits_bytes: ", config.max_logits_bytes,

@@ -98,6 +98,10 @@ class GroupRegistry {
   struct Options {
     int max_groups = 16;
     int64_t max_logits_bytes = int64_t{1} << 30;      // per group
+    // A step emits at most one token per logits row, so the server's max_rows bounds what a
+    // packet must hold; this keeps CreateGroup from asking for huge packet buffers (each group
+    // holds one in device memory and one in pinned host memory: 16 bytes a token).
+    int32_t max_step_tokens = 1 << 20;
     absl::Duration max_join_timeout = absl::Minutes(10);
     absl::Duration default_join_timeout = absl::Seconds(60);
     absl::Duration default_op_timeout = absl::Seconds(10);

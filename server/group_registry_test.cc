@@ -335,6 +335,8 @@ TEST(GroupRegistry, ValidatesCreateAndBoundsTheNumberOfGroups) {
   config = Config(2);
   config.max_step_tokens = 0;
   EXPECT_THAT(f.groups.Create(config).status().message(), HasSubstr("max_step_tokens"));
+  config.max_step_tokens = (1 << 20) + 1;  // more tokens than a step can emit
+  EXPECT_THAT(f.groups.Create(config).status().message(), HasSubstr("max_step_tokens"));
   config = Config(2);
   config.max_logits_bytes = (int64_t{1} << 30) + 1;
   EXPECT_THAT(f.groups.Create(config).status().message(), HasSubstr("max_logits_bytes"));

@@ -214,6 +214,7 @@ int Serve() {
   GroupRegistry::Options group_options;
   group_options.max_groups = absl::GetFlag(FLAGS_max_groups);
   group_options.max_logits_bytes = absl::GetFlag(FLAGS_max_group_logits_bytes);
+  group_options.max_step_tokens = absl::GetFlag(FLAGS_max_rows);
   Metrics* metrics_ptr = metrics->get();
   GroupRegistry groups(group_transport.get(), group_options,
                        [metrics_ptr](const std::string&, const std::string&) {
