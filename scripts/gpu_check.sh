@@ -12,6 +12,10 @@ if [[ ${1:-} == run ]]; then
   .device-pack/bin/cuda_backend_test || status=$?
   .device-pack/bin/nccl_group_test || status=$?
   .device-pack/bin/gpu_bench || status=$?
+  # FlashInfer on the same logits, where scripts/flashinfer_baseline.sh could build it.
+  if [[ -x .device-pack/bin/flashinfer_baseline ]]; then
+    .device-pack/bin/flashinfer_baseline || status=$?
+  fi
   python3 bench/torch_baseline.py || status=$?
   exit $status
 fi
@@ -30,3 +34,5 @@ venv=$(bash scripts/pyvenv.sh client/python/tests/requirements.txt)
 "$venv/bin/pip" wheel -q --disable-pip-version-check --no-deps -w .device-pack/wheels ./client/python
 "$venv/bin/pip" download -q --disable-pip-version-check --no-deps -d .device-pack/wheels \
   pytest pluggy iniconfig packaging
+# The FlashInfer baseline (needs PyPI here; the GPU machine has none). Optional.
+bash scripts/flashinfer_baseline.sh .device-pack/bin || echo "flashinfer_baseline: not built"
