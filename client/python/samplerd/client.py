@@ -281,8 +281,14 @@ class AsyncSamplerClient(_Base):
     async def unregister(self, name: str):
         await self._call("UnregisterBuffer", pb.UnregisterBufferRequest(name=name))
 
+    async def list_buffers(self) -> List[object]:
+        return list((await self._call("ListBuffers", pb.ListBuffersRequest())).buffers)
+
     async def server_info(self):
         return await self._call("GetServerInfo", pb.GetServerInfoRequest())
+
+    async def groups(self) -> List[object]:
+        return list((await self.server_info()).groups)
 
     async def create_group(self, world_size: int, max_step_tokens: int, device_id: int = 0,
                            join_timeout_ms: int = 0, op_timeout_ms: int = 0,

@@ -105,6 +105,7 @@ def test_stream_and_async_loops_equal_unary(client, server):
     async def run():
         async with samplerd.AsyncSamplerClient(server.target, timeout=30) as ac:
             assert await ac.health() == "SERVING"
+            assert await ac.list_buffers() == [] and await ac.groups() == []
             one = [(await ac.sample(x, prefill(temperature=0.7), step_id=s)).token_ids
                    for s, x in enumerate(steps)]
             async with ac.stream() as st:
