@@ -34,29 +34,42 @@ absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, const std::string& field) 
   }
 }
 
-// Resolves one Tensor (no shards) to a view. Its byte extent is computed once, checked, and
-// every source is checked to hold that many bytes before the view is built.
-absl::StatusOr<LogitsView> SingleTensorView(const v1::Tensor& tensor, const std::string& field,
-                                            ConvertedStep& holder, const ConvertContext& ctx) {
-  LogitsView view;
+}  // namespace
+
+absl::StatusOr<TensorLayout> TensorLayoutOf(const v1::Tensor& tensor, const std::string& field) {
+  TensorLayout layout;
   if (tensor.source_case() == v1::Tensor::kValues) {
     if (tensor.dtype() != v1::DTYPE_UNSPECIFIED && tensor.dtype() != v1::FLOAT32) {
       return Invalid(field + ".dtype", "`values` are float32: dtype must be FLOAT32 or unset");
     }
-    view.dtype = DType::kFloat32;
+    layout.dtype = DType::kFloat32;
   } else if (tensor.source_case() != v1::Tensor::SOURCE_NOT_SET) {
     auto dtype = DTypeFromProto(tensor.dtype(), field);
     if (!dtype.ok()) return dtype.status();
-    view.dtype = *dtype;
+    layout.dtype = *dtype;
   }
-  const int64_t row_stride = tensor.row_stride() == 0 ? tensor.cols() : tensor.row_stride();
-  auto extent_or =
-      TensorByteExtent(tensor.rows(), tensor.cols(), row_stride, DTypeSize(view.dtype), field);
-  if (!extent_or.ok()) return extent_or.status();
-  const int64_t extent = *extent_or;
+  layout.row_stride = tensor.row_stride() == 0 ? tensor.cols() : tensor.row_stride();
+  auto extent = TensorByteExtent(tensor.rows(), tensor.cols(), layout.row_stride,
+                                 DTypeSize(layout.dtype), field);
+  if (!extent.ok()) return extent.status();
+  layout.byte_extent = *extent;
+  return layout;
+}
+
+namespace {
+
+// Resolves one Tensor (no shards) to a view. Its byte extent is computed once, checked, and
+// every source is checked to hold that many bytes before the view is built.
+absl::StatusOr<LogitsView> SingleTensorView(const v1::Tensor& tensor, const std::string& field,
+                                            ConvertedStep& holder, const ConvertContext& ctx) {
+  auto layout = TensorLayoutOf(tensor, field);
+  if (!layout.ok()) return layout.status();
+  const int64_t extent = layout->byte_extent;
+  LogitsView view;
+  view.dtype = layout->dtype;
   view.rows = tensor.rows();
   view.cols = tensor.cols();
-  view.row_stride = row_stride;
+  view.row_stride = layout->row_stride;
   switch (tensor.source_case()) {
     case v1::Tensor::kData:
       if (static_cast<int64_t>(tensor.data().size()) < extent) {

@@ -63,6 +63,15 @@ struct ConvertedStep {
   absl::Status VerifyAfterRead() const;
 };
 
+// A tensor's element type, row stride (0 resolved to cols) and byte extent, checked as
+// StepFromProto checks them (INVALID_ARGUMENT naming `field`): the bytes its source must hold.
+struct TensorLayout {
+  DType dtype = DType::kFloat32;
+  int64_t row_stride = 0;
+  int64_t byte_extent = 0;
+};
+absl::StatusOr<TensorLayout> TensorLayoutOf(const v1::Tensor& tensor, const std::string& field);
+
 // Converts `request`, which must outlive the result (inline bytes are borrowed, not copied).
 // Every tensor's extent is computed with overflow-checked arithmetic and checked against the
 // bytes its source holds before a view is built. Memory the conversion allocates (shard

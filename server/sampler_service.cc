@@ -39,8 +39,9 @@ class Admission {
 
 // The tensors of a step's logits that come over NCCL (the logits, or some of its shards), with
 // the field naming each.
-std::vector<std::pair<const v1::Tensor*, std::string>> NcclTensors(const v1::Tensor& logits) {
-  std::vector<std::pair<const v1::Tensor*, std::string>> out;
+using NcclTensorList = std::vector<std::pair<const v1::Tensor*, std::string>>;
+NcclTensorList NcclTensors(const v1::Tensor& logits) {
+  NcclTensorList out;
   if (logits.has_nccl()) out.emplace_back(&logits, "logits");
   for (int i = 0; i < logits.shards_size(); ++i) {
     if (logits.shards(i).has_nccl()) {
@@ -88,29 +89,24 @@ class StepResolver final : public LogitsSourceResolver {
 
 // Receives a step's NCCL tensors, in order, into its group's buffer.
 absl::StatusOr<std::map<const v1::Tensor*, StepResolver::Received>> ReceiveNcclLogits(
-    const v1::SampleRequest& request, GroupStep& group) {
+    const NcclTensorList& nccl, GroupStep& group) {
   std::map<const v1::Tensor*, StepResolver::Received> received;
-  for (const auto& [tensor, field] : NcclTensors(request.logits())) {
+  for (const auto& [tensor, field] : nccl) {
     if (tensor->nccl().group_id() != group.group_id()) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".nccl.group_id: '", tensor->nccl().group_id(),
                        "' is not the step's group '", group.group_id(), "'"));
     }
-    const DType dtype = tensor->dtype() == v1::BFLOAT16  ? DType::kBFloat16
-                        : tensor->dtype() == v1::FLOAT16 ? DType::kFloat16
-                                                         : DType::kFloat32;
-    const int64_t stride = tensor->row_stride() == 0 ? tensor->cols() : tensor->row_stride();
-    auto bytes = TensorByteExtent(tensor->rows(), tensor->cols(), stride, DTypeSize(dtype), field);
-    if (!bytes.ok() || tensor->dtype() == v1::DTYPE_UNSPECIFIED) {
+    auto layout = TensorLayoutOf(*tensor, field);
+    if (!layout.ok()) {
       // The sender's send can never be matched by a receive of the right size.
-      const absl::Status status =
-          bytes.ok() ? absl::InvalidArgumentError(absl::StrCat(field, ".dtype: unspecified"))
-                     : bytes.status();
-      group.FailGroup(absl::StrCat("a step's NCCL logits were malformed: ", status.message()));
-      return status;
+      group.FailGroup(
+          absl::StrCat("a step's NCCL logits were malformed: ", layout.status().message()));
+      return layout.status();
     }
     bool on_device = false;
-    auto data = group.ReceiveLogits(*bytes, tensor->nccl().src_rank(), field, &on_device);
+    auto data =
+        group.ReceiveLogits(layout->byte_extent, tensor->nccl().src_rank(), field, &on_device);
     if (!data.ok()) return data.status();
     received[tensor] = {*data, on_device};
   }
@@ -121,7 +117,6 @@ absl::StatusOr<std::map<const v1::Tensor*, StepResolver::Received>> ReceiveNcclL
 
 struct SamplerService::StepStats {
   Clock::time_point computed, done;
-  Clock::time_point group_receive_end;  // when the step's NCCL receives completed
   int64_t rows = 0;
   StepKind kind = StepKind::kPrefill;
 };
@@ -157,11 +152,26 @@ absl::Status SamplerService::RunStep(const v1::SampleRequest& request,
     }
     group = std::move(*turn);
   }
-  const Clock::time_point turn_taken = Clock::now();
+  // NCCL logits first, before anything can refuse the step: the sender has posted its send,
+  // and the group's next receive must not find it.
+  absl::Status received = absl::OkStatus();
+  std::map<const v1::Tensor*, StepResolver::Received> received_logits;
+  if (group != nullptr) {
+    auto got = ReceiveNcclLogits(nccl, *group);
+    if (got.ok()) {
+      received_logits = std::move(*got);
+    } else {
+      received = got.status();
+    }
+  }
+  const Clock::time_point received_at = Clock::now();
   StepStats stats;
-  stats.computed = stats.done = stats.group_receive_end = turn_taken;
-  absl::StatusOr<StepResult> result = ComputeStep(request, pool_scope, group.get(), &stats);
-  Clock::duration group_time = turn_taken - start;
+  stats.computed = stats.done = received_at;
+  StepResolver resolver(registry_, std::move(received_logits));
+  absl::StatusOr<StepResult> result =
+      received.ok() ? ComputeStep(request, pool_scope, resolver, &stats)
+                    : absl::StatusOr<StepResult>(received);
+  Clock::duration group_time = received_at - start;  // the turn's wait and the receives
   if (broadcasts) {
     // Every step that held a READY group broadcasts exactly one packet, so followers stay in
     // step with the driver: its results, or its error.
@@ -193,12 +203,7 @@ absl::Status SamplerService::RunStep(const v1::SampleRequest& request,
   timing->set_queue_us(Micros(stats.computed - start));
   timing->set_compute_us(Micros(stats.done - stats.computed));
   timing->set_total_us(Micros(end - start));
-  // The receives happen inside ComputeStep, between the turn and the backend.
-  if (group_id.empty()) {
-    timing->set_group_us(0);
-  } else {
-    timing->set_group_us(Micros(group_time + (stats.group_receive_end - turn_taken)));
-  }
+  timing->set_group_us(group_id.empty() ? 0 : Micros(group_time));
   for (const RequestResult& r : result->results) {
     if (!r.status.ok()) {
       metrics_.CountError(r.status.code());
@@ -216,16 +221,8 @@ absl::Status SamplerService::RunStep(const v1::SampleRequest& request,
 
 absl::StatusOr<StepResult> SamplerService::ComputeStep(const v1::SampleRequest& request,
                                                        const std::string& pool_scope,
-                                                       GroupStep* group, StepStats* stats) {
-  // NCCL logits first, before anything can refuse the step: the sender has posted its send,
-  // and the group's next receive must not find it.
-  std::map<const v1::Tensor*, StepResolver::Received> received;
-  if (group != nullptr) {
-    auto got = ReceiveNcclLogits(request, *group);
-    stats->group_receive_end = Clock::now();
-    if (!got.ok()) return got.status();
-    received = std::move(*got);
-  }
+                                                       LogitsSourceResolver& resolver,
+                                                       StepStats* stats) {
   Admission admission(admitted_, options_.max_queued_steps);
   if (!admission.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -236,7 +233,6 @@ absl::StatusOr<StepResult> SamplerService::ComputeStep(const v1::SampleRequest& 
     Metrics& metrics;
     ~InFlight() { metrics.AddInFlight(-1); }
   } in_flight{metrics_};
-  StepResolver resolver(registry_, std::move(received));
   auto converted = StepFromProto(request, &resolver, options_.request_memory);
   if (!converted.ok()) return converted.status();
   (*converted)->step.pool_scope = pool_scope;

@@ -78,11 +78,11 @@ class SamplerService final : public v1::Sampler::Service {
   absl::Status RunStep(const v1::SampleRequest& request, const std::string& pool_scope,
                        v1::SampleResponse* response);
   struct StepStats;
-  // Admission, conversion, planning and the backend: the step's results or its fault.
-  // `group` (may be null) holds the step's group turn, for its NCCL logits.
+  // Admission, conversion (through `resolver`, which also holds the step's received NCCL
+  // logits), planning and the backend: the step's results or its fault.
   absl::StatusOr<StepResult> ComputeStep(const v1::SampleRequest& request,
-                                         const std::string& pool_scope, GroupStep* group,
-                                         StepStats* stats);
+                                         const std::string& pool_scope,
+                                         LogitsSourceResolver& resolver, StepStats* stats);
 
   // Constant after construction.
   Backend& backend_;

@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <thread>
+#include <tuple>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -171,6 +172,28 @@ TEST_F(GroupServiceTest, NcclLogitsFromAFollowerAreSampledLikeTheSameLogitsInlin
     by_nccl.clear_timing();
     by_inline.clear_timing();
     EXPECT_EQ(by_nccl.SerializeAsString(), by_inline.SerializeAsString()) << s;
+  }
+  // Malformed NCCL logits (a negative row count, a wrapping stride, no dtype): the step fails
+  // INVALID_ARGUMENT naming the field, and the group fails (no receive can match the
+  // follower's send any more); the server goes on.
+  for (const auto& [rows, stride, dtype, needle] :
+       std::vector<std::tuple<int, int64_t, v1::DType, std::string>>{
+           {-1, 0, v1::FLOAT32, "logits.rows"},
+           {3, int64_t{1} << 62, v1::FLOAT32, "logits"},
+           {3, 0, v1::DTYPE_UNSPECIFIED, "logits.dtype"}}) {
+    auto [bad_group, bad_followers] = ReadyGroup(2);
+    v1::SampleRequest bad = SmallStep(20, 3, 80);
+    bad.mutable_logits()->set_rows(rows);
+    bad.mutable_logits()->set_row_stride(stride);
+    bad.mutable_logits()->set_dtype(dtype);
+    bad.mutable_logits()->mutable_nccl()->set_group_id(bad_group.group_id());
+    bad.mutable_logits()->mutable_nccl()->set_src_rank(1);
+    v1::SampleResponse response;
+    const grpc::Status status = Sample(bad, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << needle;
+    EXPECT_THAT(status.error_message(), HasSubstr(needle));
+    EXPECT_EQ(State(bad_group.group_id()), v1::FAILED) << needle;
+    EXPECT_TRUE(Sample(SmallStep(21, 2), &response).ok());
   }
   // A receive naming another group is refused; an unknown group is NOT_FOUND.
   v1::SampleRequest step = SmallStep(9, 2);
