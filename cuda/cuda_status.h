@@ -7,16 +7,17 @@
 
 #include <cuda_runtime.h>
 
-#include <string>
-
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace samplerd {
 
 // `code` overrides the mapping where the caller knows better (e.g. FAILED_PRECONDITION for a
 // client's handle that does not open; `what` then names the request field).
-inline absl::Status CudaStatus(cudaError_t error, const std::string& what,
+// `what` is a view: SAMPLERD_CUDA_RETURN passes the call's text on every CUDA call of a step,
+// which must cost nothing when the call succeeds.
+inline absl::Status CudaStatus(cudaError_t error, absl::string_view what,
                                absl::StatusCode code = absl::StatusCode::kOk) {
   if (error == cudaSuccess) return absl::OkStatus();
   if (code == absl::StatusCode::kOk) {

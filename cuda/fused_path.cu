@@ -340,15 +340,10 @@ cudaError_t LaunchFusedRows(const StepParams& params, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// This translation unit's copy of the stage probe (sampling_launch.cc's SetStageProbe sets
+// This translation unit's copy of the stage probe (general_path.cu's SetStageProbe sets
 // every copy).
 cudaError_t SetStageProbeFused(const StageProbe& probe) {
-#if defined(SAMPLERD_STAGE_PROBE)
-  return cudaMemcpyToSymbol(detail::g_stage_probe, &probe, sizeof(probe));
-#else
-  (void)probe;
-  return cudaErrorNotSupported;  // the production kernels carry no probe
-#endif
+  return detail::SetThisUnitsStageProbe(probe);
 }
 
 }  // namespace cuda

@@ -56,6 +56,16 @@ __device__ __forceinline__ unsigned long long* ProbeTimes() { return nullptr; }
 __device__ __forceinline__ int32_t ProbeFlags() { return 0; }
 #endif
 
+// Sets this translation unit's copy of the probe (each path's unit wraps it for SetStageProbe).
+static cudaError_t SetThisUnitsStageProbe(const StageProbe& probe) {
+#if defined(SAMPLERD_STAGE_PROBE)
+  return cudaMemcpyToSymbol(g_stage_probe, &probe, sizeof(probe));
+#else
+  (void)probe;
+  return cudaErrorNotSupported;  // the production kernels carry no probe
+#endif
+}
+
 // Loads elements [lo, lo + n) of a job's logits row into xs (padding is never read) in one
 // pass: NaN / +inf in a real column sets kRowNonFinite in *bad, the grammar mask (not for
 // prompt rows) makes removed tokens -inf, *m is the max and *mn the least finite value (+inf
