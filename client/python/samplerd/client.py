@@ -22,16 +22,16 @@ from .step import Request, build_step
 _MIB = 1 << 20
 HEALTH_STATUS = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
 
-# name -> (request class, response class) of each unary rpc.
+# name -> response class of each unary rpc.
 _UNARY = {
-    "Sample": ("SampleRequest", "SampleResponse"),
-    "RegisterBuffer": ("RegisterBufferRequest", "RegisterBufferResponse"),
-    "UnregisterBuffer": ("UnregisterBufferRequest", "UnregisterBufferResponse"),
-    "ListBuffers": ("ListBuffersRequest", "ListBuffersResponse"),
-    "GetServerInfo": ("GetServerInfoRequest", "GetServerInfoResponse"),
-    "Release": ("ReleaseRequest", "ReleaseResponse"),
-    "CreateGroup": ("CreateGroupRequest", "CreateGroupResponse"),
-    "DestroyGroup": ("DestroyGroupRequest", "DestroyGroupResponse"),
+    "Sample": "SampleResponse",
+    "RegisterBuffer": "RegisterBufferResponse",
+    "UnregisterBuffer": "UnregisterBufferResponse",
+    "ListBuffers": "ListBuffersResponse",
+    "GetServerInfo": "GetServerInfoResponse",
+    "Release": "ReleaseResponse",
+    "CreateGroup": "CreateGroupResponse",
+    "DestroyGroup": "DestroyGroupResponse",
 }
 
 
@@ -73,11 +73,25 @@ def _cuda_registration(region: CudaRegion):
 
 
 class _Base:
-    def __init__(self, client_id: Optional[str]):
+    def __init__(self, client_id: Optional[str], timeout: Optional[float]):
         # samplerd keys its draft pool by client id (else by peer address): a worker that
         # reconnects under the same id finds its drafts again.
         self._metadata = (("samplerd-client-id", client_id),) if client_id else None
+        self._timeout = timeout
         self._step_ids = itertools.count(1)
+
+    def _bind(self, channel):
+        """The rpcs' callables on `channel` (grpc and grpc.aio channels have the same API)."""
+        self._channel = channel
+        self._rpcs = {
+            name: channel.unary_unary(f"/{SERVICE}/{name}",
+                                      request_serializer=lambda m: m.SerializeToString(),
+                                      response_deserializer=getattr(pb, resp).FromString)
+            for name, resp in _UNARY.items()}
+        self._stream = channel.stream_stream(
+            f"/{SERVICE}/SampleStream", request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=pb.SampleResponse.FromString)
+        self._health = channel.unary_unary("/grpc.health.v1.Health/Check")
 
     def build(self, logits, requests: Sequence[Request], step_id: Optional[int] = None, **kw):
         """A SampleRequest (step ids count from 1 when not given)."""
@@ -91,18 +105,8 @@ class SamplerClient(_Base):
     def __init__(self, target: str, *, client_id: Optional[str] = None,
                  max_message_bytes: int = 256 * _MIB, timeout: Optional[float] = None,
                  channel: Optional[grpc.Channel] = None):
-        super().__init__(client_id)
-        self._channel = channel or grpc.insecure_channel(target, _channel_options(max_message_bytes))
-        self._timeout = timeout
-        self._rpcs = {
-            name: self._channel.unary_unary(f"/{SERVICE}/{name}",
-                                            request_serializer=lambda m: m.SerializeToString(),
-                                            response_deserializer=getattr(pb, resp).FromString)
-            for name, (_, resp) in _UNARY.items()}
-        self._stream = self._channel.stream_stream(
-            f"/{SERVICE}/SampleStream", request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=pb.SampleResponse.FromString)
-        self._health = self._channel.unary_unary("/grpc.health.v1.Health/Check")
+        super().__init__(client_id, timeout)
+        self._bind(channel or grpc.insecure_channel(target, _channel_options(max_message_bytes)))
 
     def _call(self, name, request):
         try:
@@ -241,18 +245,8 @@ class AsyncSamplerClient(_Base):
 
     def __init__(self, target: str, *, client_id: Optional[str] = None,
                  max_message_bytes: int = 256 * _MIB, timeout: Optional[float] = None):
-        super().__init__(client_id)
-        self._channel = grpc.aio.insecure_channel(target, _channel_options(max_message_bytes))
-        self._timeout = timeout
-        self._rpcs = {
-            name: self._channel.unary_unary(f"/{SERVICE}/{name}",
-                                            request_serializer=lambda m: m.SerializeToString(),
-                                            response_deserializer=getattr(pb, resp).FromString)
-            for name, (_, resp) in _UNARY.items()}
-        self._stream = self._channel.stream_stream(
-            f"/{SERVICE}/SampleStream", request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=pb.SampleResponse.FromString)
-        self._health = self._channel.unary_unary("/grpc.health.v1.Health/Check")
+        super().__init__(client_id, timeout)
+        self._bind(grpc.aio.insecure_channel(target, _channel_options(max_message_bytes)))
 
     async def _call(self, name, request):
         try:

@@ -35,7 +35,11 @@ class ShmRegion:
             raise
         os.close(fd)
         self._path = path
-        self._views = []
+        # The mapping's address, for byte_offset_of (the temporary view is dropped at once: a
+        # live one would keep close() from unmapping).
+        base = np.frombuffer(self._map, dtype=np.uint8)
+        self._address = base.__array_interface__["data"][0]
+        del base
 
     def ndarray(self, shape, dtype=np.float32, byte_offset: int = 0) -> np.ndarray:
         """A numpy view of the region (write logits into it in place)."""
@@ -48,8 +52,7 @@ class ShmRegion:
 
     def byte_offset_of(self, array: np.ndarray) -> int:
         """Where a view returned by ndarray() starts, in bytes from the region's start."""
-        base = np.frombuffer(self._map, dtype=np.uint8).__array_interface__["data"][0]
-        offset = array.__array_interface__["data"][0] - base
+        offset = array.__array_interface__["data"][0] - self._address
         if offset < 0 or offset + array.nbytes > self.byte_size:
             raise ValueError("the array does not lie inside this region")
         return offset
