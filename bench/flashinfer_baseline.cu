@@ -1,83 +1,187 @@
 // FlashInfer's sampling on the logits gpu_bench uses, for the kernels issue's "2x FlashInfer"
 // comparison. Built by scripts/flashinfer_baseline.sh against the headers of the
 // flashinfer-python wheel from PyPI (nothing of FlashInfer is in this repository); run on the
-// GPU machine in the same call as gpu_bench.
+// GPU machine in the same call as gpu_bench, which reads the figures this writes and prints
+// them beside its own.
 //
-// Path timed: OnlineSoftmax with the temperature (logits -> probabilities), then
-// TopKTopPSamplingFromProb (top_k 50, top_p 0.95): FlashInfer's fused top-k/top-p rejection
-// sampler. It returns a token per row only: no logprobs, no top logprobs, no per-request seed.
-// Logits: the same generator as gpu_bench (normal * 2.5, fixed seed), V = 129,280, fp32.
+// Paths timed (each returns a token per row only: no logprobs, no top logprobs, no per-request
+// seed; FlashInfer keys its RNG by batch row):
+//   topk_first   what flashinfer.top_k_top_p_sampling_from_logits runs for top_k = 50 on a
+//                vocabulary >= 65,536 (its "top_k_first" fast path): TopKDispatch (radix top-k,
+//                sorted, deterministic), a softmax over the k values with the temperature (the
+//                Python path's torch.softmax; a small kernel here), TopPSamplingFromProb over
+//                the k probabilities, and a gather of the token id (torch.gather there).
+//   softmax_topp OnlineSoftmax with the temperature over the whole row, then
+//                TopKTopPSamplingFromProb (the fused top-k/top-p rejection sampler).
+// Logits: gpu_bench's generator (sampler/test_util.h HostLogits: mt19937_64 seed 11, normal
+// with scale 2.0), V = 129,280; bf16 rounded to nearest even as gpu_bench does.
+//
+//   flashinfer_baseline [FILE]   prints a table; FILE gets "path dtype R us" lines
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "flashinfer/sampling.cuh"
+#include "flashinfer/topk.cuh"
 
 #define CHECK(call)                                                                \
   do {                                                                             \
     cudaError_t e = (call);                                                        \
     if (e != cudaSuccess) {                                                        \
       std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e));              \
-      return 1;                                                                    \
+      std::exit(1);                                                                \
     }                                                                              \
   } while (0)
 
-int main() {
-  constexpr uint32_t kVocab = 129280;
-  const float temperature = 0.7f, top_p = 0.95f;
-  const int top_k = 50;
-  std::printf("flashinfer (wheel headers): OnlineSoftmax + TopKTopPSamplingFromProb, V = %u fp32, "
-              "T = %.1f, top_k %d, top_p %.2f\n", kVocab, temperature, top_k, top_p);
-  std::printf("%-8s %12s\n", "R", "kernel us");
-  for (uint32_t rows : {1u, 16u, 384u, 4096u}) {
+namespace {
+
+constexpr uint32_t kVocab = 129280;
+constexpr int kTopK = 50;
+constexpr float kTemperature = 0.7f, kTopP = 0.95f;
+
+template <typename T>
+__device__ float ToFloat(T v) { return static_cast<float>(v); }
+template <>
+__device__ float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// Softmax of each row's k selected logits at temperature T (one warp per row, k <= 64).
+template <typename T>
+__global__ void SoftmaxOfTopK(const T* values, float* probs, int k, float inv_t) {
+  const int row = blockIdx.x, lane = threadIdx.x;
+  const float a = lane < k ? ToFloat(values[row * k + lane]) * inv_t : -INFINITY;
+  const float b = lane + 32 < k ? ToFloat(values[row * k + lane + 32]) * inv_t : -INFINITY;
+  float m = fmaxf(a, b);
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+  const float ea = __expf(a - m), eb = __expf(b - m);
+  float s = ea + eb;
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+  if (lane < k) probs[row * k + lane] = ea / s;
+  if (lane + 32 < k) probs[row * k + lane + 32] = eb / s;
+}
+
+__global__ void GatherToken(const int32_t* indices, const int32_t* local, int32_t* out, int rows,
+                            int k) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r < rows) out[r] = indices[r * k + local[r]];
+}
+
+struct Run {
+  std::string path, dtype;
+  uint32_t rows;
+  double us;
+};
+
+template <typename Step>
+double TimeUs(Step step, uint32_t rows, cudaStream_t stream) {
+  for (int i = 0; i < 20; ++i) CHECK(step(i));
+  CHECK(cudaStreamSynchronize(stream));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  const int iters = rows >= 4096 ? 20 : 200;
+  CHECK(cudaEventRecord(start, stream));
+  for (int i = 0; i < iters; ++i) CHECK(step(100 + i));
+  CHECK(cudaEventRecord(stop, stream));
+  CHECK(cudaEventSynchronize(stop));
+  float ms = 0.0f;
+  CHECK(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms * 1000.0 / iters;
+}
+
+template <typename T>
+void RunDType(const char* dtype, const std::vector<float>& all, std::vector<Run>* runs) {
+  for (uint32_t rows : {1u, 16u, 384u, 8192u}) {
     const size_t n = static_cast<size_t>(rows) * kVocab;
-    std::vector<float> host(n);
-    std::mt19937 rng(1);
-    std::normal_distribution<float> normal(0.0f, 2.5f);
-    for (float& x : host) x = normal(rng);
-    float *logits, *probs;
-    int32_t* out;
+    std::vector<T> host(n);
+    for (size_t i = 0; i < n; ++i) host[i] = static_cast<T>(all[i]);
+    T *logits, *values;
+    float *probs, *probs_k;
+    int32_t *out, *indices, *local;
     bool* valid;
-    void* workspace;
-    const size_t workspace_bytes = size_t{256} << 20;
-    CHECK(cudaMalloc(&logits, n * 4));
+    void *workspace, *row_states;
+    const size_t workspace_bytes = size_t{256} << 20, row_states_bytes = size_t{1} << 20;
+    CHECK(cudaMalloc(&logits, n * sizeof(T)));
     CHECK(cudaMalloc(&probs, n * 4));
+    CHECK(cudaMalloc(&values, size_t{rows} * kTopK * sizeof(T)));
+    CHECK(cudaMalloc(&probs_k, size_t{rows} * kTopK * 4));
+    CHECK(cudaMalloc(&indices, size_t{rows} * kTopK * 4));
+    CHECK(cudaMalloc(&local, rows * 4));
     CHECK(cudaMalloc(&out, rows * 4));
     CHECK(cudaMalloc(&valid, rows));
     CHECK(cudaMalloc(&workspace, workspace_bytes));
-    CHECK(cudaMemcpy(logits, host.data(), n * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMalloc(&row_states, row_states_bytes));
+    CHECK(cudaMemset(row_states, 0, row_states_bytes));  // as flashinfer's _get_row_states_buffer
+    CHECK(cudaMemcpy(logits, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
     cudaStream_t stream;
     CHECK(cudaStreamCreate(&stream));
-    auto step = [&](uint64_t offset) {
-      cudaError_t e = flashinfer::sampling::OnlineSoftmax<float>(
-          logits, probs, rows, kVocab, nullptr, temperature, workspace, workspace_bytes,
-          /*enable_pdl=*/false, stream);
+    auto topk_first = [&](uint64_t offset) {
+      cudaError_t e = flashinfer::sampling::TopKDispatch<T, int32_t>(
+          logits, indices, values, rows, kTopK, kVocab,
+          static_cast<flashinfer::sampling::RadixRowState*>(row_states), /*sorted_output=*/true,
+          /*deterministic=*/true, flashinfer::sampling::TopKTieBreak::None, stream);
       if (e != cudaSuccess) return e;
-      return flashinfer::sampling::TopKTopPSamplingFromProb<float, int32_t>(
-          probs, nullptr, nullptr, out, valid, nullptr, rows, top_k, top_p, kVocab,
-          /*deterministic=*/true, nullptr, /*seed_val=*/1234, nullptr, offset, stream);
+      SoftmaxOfTopK<T><<<rows, 32, 0, stream>>>(values, probs_k, kTopK, 1.0f / kTemperature);
+      e = flashinfer::sampling::TopPSamplingFromProb<float, int32_t>(
+          probs_k, local, valid, nullptr, nullptr, rows, kTopP, kTopK, /*deterministic=*/true,
+          nullptr, /*seed_val=*/1234, nullptr, offset, stream);
+      if (e != cudaSuccess) return e;
+      GatherToken<<<(rows + 255) / 256, 256, 0, stream>>>(indices, local, out, rows, kTopK);
+      return cudaGetLastError();
     };
-    for (int i = 0; i < 20; ++i) CHECK(step(i));
-    CHECK(cudaStreamSynchronize(stream));
-    cudaEvent_t start, stop;
-    CHECK(cudaEventCreate(&start));
-    CHECK(cudaEventCreate(&stop));
-    const int iters = rows >= 4096 ? 20 : 200;
-    CHECK(cudaEventRecord(start, stream));
-    for (int i = 0; i < iters; ++i) CHECK(step(100 + i));
-    CHECK(cudaEventRecord(stop, stream));
-    CHECK(cudaEventSynchronize(stop));
-    float ms = 0.0f;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
-    std::printf("%-8u %12.1f\n", rows, ms * 1000.0f / iters);
-    cudaFree(logits);
-    cudaFree(probs);
-    cudaFree(out);
-    cudaFree(valid);
-    cudaFree(workspace);
+    runs->push_back({"topk_first", dtype, rows, TimeUs(topk_first, rows, stream)});
+    if constexpr (sizeof(T) == 4) {
+      auto softmax_topp = [&](uint64_t offset) {
+        cudaError_t e = flashinfer::sampling::OnlineSoftmax<float>(
+            logits, probs, rows, kVocab, nullptr, kTemperature, workspace, workspace_bytes,
+            /*enable_pdl=*/false, stream);
+        if (e != cudaSuccess) return e;
+        return flashinfer::sampling::TopKTopPSamplingFromProb<float, int32_t>(
+            probs, nullptr, nullptr, out, valid, nullptr, rows, kTopK, kTopP, kVocab,
+            /*deterministic=*/true, nullptr, /*seed_val=*/1234, nullptr, offset, stream);
+      };
+      runs->push_back({"softmax_topp", dtype, rows, TimeUs(softmax_topp, rows, stream)});
+    }
+    for (void* ptr : {static_cast<void*>(logits), static_cast<void*>(probs),
+                      static_cast<void*>(values), static_cast<void*>(probs_k),
+                      static_cast<void*>(indices), static_cast<void*>(local),
+                      static_cast<void*>(out), static_cast<void*>(valid), workspace, row_states}) {
+      cudaFree(ptr);
+    }
     cudaStreamDestroy(stream);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::printf("flashinfer (flashinfer-python wheel headers), V = %u, T = %.1f, top_k %d, "
+              "top_p %.2f\n", kVocab, kTemperature, kTopK, kTopP);
+  // gpu_bench's logits: the largest configuration's rows; smaller ones take its first rows.
+  std::vector<float> all(size_t{8192} * kVocab);
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (float& v : all) v = normal(rng);
+  std::vector<Run> runs;
+  RunDType<float>("fp32", all, &runs);
+  RunDType<__nv_bfloat16>("bf16", all, &runs);
+  std::printf("%-14s %-6s %6s %12s\n", "path", "dtype", "R", "kernel us");
+  for (const Run& r : runs) {
+    std::printf("%-14s %-6s %6u %12.1f\n", r.path.c_str(), r.dtype.c_str(), r.rows, r.us);
+  }
+  if (argc > 1) {
+    FILE* f = std::fopen(argv[1], "w");
+    if (f == nullptr) {
+      std::perror(argv[1]);
+      return 1;
+    }
+    for (const Run& r : runs) std::fprintf(f, "%s %s %u %.2f\n", r.path.c_str(), r.dtype.c_str(), r.rows, r.us);
+    std::fclose(f);
   }
   return 0;
 }

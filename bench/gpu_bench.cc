@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -88,12 +90,44 @@ double MedianKernelUs(CudaBackend& gpu, const Step& step) {
   return us[us.size() / 2];
 }
 
+// FlashInfer's figures from bench/flashinfer_baseline (lines "path dtype R us"), run on the
+// same GPU in the same call: the fastest path per (dtype, R).
+struct FlashInferBest {
+  std::string path;
+  double us = 0.0;
+};
+std::map<std::pair<std::string, int>, FlashInferBest> ReadFlashInfer(const std::string& file) {
+  std::map<std::pair<std::string, int>, FlashInferBest> best;
+  std::ifstream in(file);
+  std::string path, dtype;
+  int rows;
+  double us;
+  while (in >> path >> dtype >> rows >> us) {
+    auto [it, fresh] = best.try_emplace({dtype, rows}, FlashInferBest{path, us});
+    if (!fresh && us < it->second.us) it->second = FlashInferBest{path, us};
+  }
+  return best;
+}
+
 int Main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";  // R <= 16 only
-  // --only=TEXT: the configurations whose name contains TEXT (profiling one under ncu).
-  const std::string only = argc > 1 && std::string(argv[1]).rfind("--only=", 0) == 0
-                               ? std::string(argv[1]).substr(7)
-                               : "";
+  bool quick = false;        // --quick: R <= 16 only
+  std::string only;          // --only=TEXT: the configurations whose name contains TEXT (ncu)
+  std::string flashinfer;    // --flashinfer=FILE: flashinfer_baseline's figures, side by side
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--quick") {
+      quick = true;
+    } else if (arg.rfind("--only=", 0) == 0) {
+      only = arg.substr(7);
+    } else if (arg.rfind("--flashinfer=", 0) == 0) {
+      flashinfer = arg.substr(13);
+    } else {
+      std::fprintf(stderr, "usage: gpu_bench [--quick] [--only=TEXT] [--flashinfer=FILE]\n");
+      return 2;
+    }
+  }
+  const auto flashinfer_best = flashinfer.empty() ? decltype(ReadFlashInfer("")){}
+                                                  : ReadFlashInfer(flashinfer);
   auto gpu = CudaBackend::Create({});
   if (!gpu.ok()) {
     std::fprintf(stderr, "%s\n", std::string(gpu.status().message()).c_str());
@@ -105,17 +139,26 @@ int Main(int argc, char** argv) {
   const std::vector<Config> configs = {
       {"prefill R=1", StepKind::kPrefill, 1, DType::kFloat32},
       {"prefill R=16", StepKind::kPrefill, 16, DType::kFloat32},
+      {"prefill R=384", StepKind::kPrefill, 384, DType::kFloat32},
       {"decode R=384 (64x6)", StepKind::kDecode, 384, DType::kFloat32},
       {"prompt R=8192", StepKind::kPrefill, 8192, DType::kFloat32},
       {"prefill R=1 bf16", StepKind::kPrefill, 1, DType::kBFloat16},
       {"prefill R=16 bf16", StepKind::kPrefill, 16, DType::kBFloat16},
+      {"prefill R=384 bf16", StepKind::kPrefill, 384, DType::kBFloat16},
       {"decode R=384 bf16", StepKind::kDecode, 384, DType::kBFloat16},
       {"prompt R=8192 bf16", StepKind::kPrefill, 8192, DType::kBFloat16},
   };
+  struct Row {
+    std::string name;
+    double us, floor_us;
+    std::string dtype;
+    int rows;
+  };
+  std::vector<Row> rows_out;
   std::printf("%-22s %12s %12s %14s %14s %10s\n", "config", "kernel us", "GB/s read", "% of copy BW",
               "fused-only us", "speedup");
   std::printf("(split stages: chunk 0 of row 0 from its start: load, reductions, threshold, "
-              "collect, end; its row's finish block: start, merged, end)\n");
+              "collect, end; its row's finishing block: start, merged, end)\n");
   for (const Config& c : configs) {
     if (quick && c.rows > 16) continue;
     if (!only.empty() && c.name.find(only) == std::string::npos) continue;
@@ -184,7 +227,24 @@ int Main(int argc, char** argv) {
     std::printf("%-22s %12.1f %12.0f %13.1f%% %14.1f %9.2fx   split stages us:%s\n",
                 c.name.c_str(), us, gbs, 100.0 * gbs * 1e9 / bandwidth, fused_us, fused_us / us,
                 stages.c_str());
+    rows_out.push_back({c.name, us, bytes / bandwidth * 1e6,
+                        c.dtype == DType::kFloat32 ? "fp32" : "bf16", c.rows});
     cudaFree(device);
+  }
+  // Side by side: the read floor (the logits' bytes at the copy bandwidth measured above) and
+  // FlashInfer's fastest path on the same R and dtype (a token per row only; gpu_bench's logits).
+  std::printf("\n%-22s %10s %10s %8s %14s %-14s %8s\n", "config", "samplerd", "read floor",
+              "x floor", "flashinfer us", "(path)", "fi / sd");
+  for (const Row& r : rows_out) {
+    const auto it = flashinfer_best.find({r.dtype, r.rows});
+    if (it == flashinfer_best.end()) {
+      std::printf("%-22s %10.1f %10.1f %7.1fx %14s %-14s %8s\n", r.name.c_str(), r.us, r.floor_us,
+                  r.us / r.floor_us, "-", "", "-");
+    } else {
+      std::printf("%-22s %10.1f %10.1f %7.1fx %14.1f %-14s %7.2fx\n", r.name.c_str(), r.us,
+                  r.floor_us, r.us / r.floor_us, it->second.us, it->second.path.c_str(),
+                  it->second.us / r.us);
+    }
   }
   return 0;
 }

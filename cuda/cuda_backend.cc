@@ -190,6 +190,10 @@ struct CudaBackend::Impl {
 
   absl::Mutex mu;  // one step at a time: buffers below are per step
   DeviceBuffer logits, jobs_d, lists_d, penalties_d, masks_d, q_d, workspace, split_d, results_d;
+  // The split path's per-row arrival counters: zeroed when allocated, and every launch leaves
+  // them zero (cuda::StepParams::split_arrivals), so no per-step memset.
+  DeviceBuffer split_arrivals_d;
+  int split_arrival_slots = 0;
   PinnedBuffer staging, results_h;
   float kernel_us = 0.0f;
   bool stage_timing = false;
@@ -274,6 +278,11 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
   num_fused -= num_split;
   RETURN_IF_ERROR(lists_d.Reserve(list_bytes));
   RETURN_IF_ERROR(split_d.Reserve(cuda::SplitScratchBytes(num_split, V)));
+  if (num_split > split_arrival_slots) {
+    RETURN_IF_ERROR(split_arrivals_d.Reserve(num_split * sizeof(unsigned int)));
+    SAMPLERD_CUDA_RETURN(cudaMemsetAsync(split_arrivals_d.as<void>(), 0, num_split * sizeof(unsigned int), stream));
+    split_arrival_slots = num_split;
+  }
   SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(lists_d.as<void>(), list_stage, list_bytes, cudaMemcpyHostToDevice, stream));
   SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(jobs_d.as<void>(), job_stage, job_bytes, cudaMemcpyHostToDevice, stream));
   if (pen_bytes > 0) {
@@ -306,6 +315,7 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
     params.split_jobs = lists_d.as<int32_t>();
     params.num_split = num_split;
     params.split_scratch = split_d.as<void>();
+    params.split_arrivals = split_arrivals_d.as<unsigned int>();
     params.fused_jobs = lists_d.as<int32_t>() + num_split;
     params.num_fused = num_fused;
   }
@@ -323,8 +333,8 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
   }
   SAMPLERD_CUDA_RETURN(cudaEventRecord(start, stream));
   if (fused_fits) {
-    // Rows with a small top-k: independent blocks over chunks of each row, then one finishing
-    // block per row. The rest: one read of each row by a cluster of blocks, which also runs the
+    // Rows with a small top-k: independent blocks over chunks of each row, the last of which
+    // finishes the row. The rest: one read of each row by a cluster of blocks, which also runs the
     // general algorithm for the rows its candidates cannot finish.
     SAMPLERD_CUDA_RETURN(cuda::LaunchSplitRows(params, stream));
     SAMPLERD_CUDA_RETURN(cuda::LaunchFusedRows(params, stream));

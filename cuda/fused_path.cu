@@ -310,7 +310,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
   cluster.sync();  // the other blocks' lists stay alive until block 0 has copied them
   stage(5);
   if (rank != 0) return;
-  FinishCandidates(sh, job, out, V, M, Z, total);
+  FinishCandidates(sh, job, out, V, M, Z, total, /*sorted=*/false);
   __syncthreads();
   stage(6);
 }

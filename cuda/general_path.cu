@@ -80,8 +80,9 @@ const char* StepParams::Validate() const {
   if (num_jobs > 0 && (workspace == nullptr || row_max == nullptr || results == nullptr)) {
     return "workspace, row_max and results are required";
   }
-  if (num_split < 0 || (num_split > 0 && (split_jobs == nullptr || split_scratch == nullptr))) {
-    return "split_jobs and split_scratch are required";
+  if (num_split < 0 || (num_split > 0 && (split_jobs == nullptr || split_scratch == nullptr ||
+                                           split_arrivals == nullptr))) {
+    return "split_jobs, split_scratch and split_arrivals are required";
   }
   if (num_split > 0 && (vocab_size + kSplitChunk - 1) / kSplitChunk > detail::kSplitMaxChunks) {
     return "vocab_size has too many chunks for the split path";

@@ -2,8 +2,8 @@
 //
 // Where the vocabulary fits FusedPathFits, a step's jobs are split by SplitPathEligible (each
 // job's own parameters, so a row's path never depends on the batch): eligible rows (a small
-// top-k) run as LaunchSplitRows (independent blocks over chunks of each row, then one
-// finishing block per row), the rest as LaunchFusedRows (a cluster per row). Otherwise three
+// top-k) run as LaunchSplitRows (independent blocks over chunks of each row, the last of
+// which finishes the row), the rest as LaunchFusedRows (a cluster per row). Otherwise three
 // launches on the caller's stream:
 //   LaunchPrepareRows   logits (fp32/bf16/fp16) -> workspace x: padding, grammar mask, NaN
 //                       check, per-row max; several blocks per row.
@@ -115,6 +115,9 @@ struct StepParams {
   const int32_t* split_jobs = nullptr;
   int32_t num_split = 0;
   void* split_scratch = nullptr;
+  // [num_split] arrival counters of the rows' chunk blocks: zero before a launch, and the
+  // kernel leaves them zero (the last arrival of each row resets its own).
+  unsigned int* split_arrivals = nullptr;
   const int32_t* fused_jobs = nullptr;
   int32_t num_fused = 0;
   // INVALID_ARGUMENT-style check: returns nullptr when valid, else a message.

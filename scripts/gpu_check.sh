@@ -2,7 +2,9 @@
 # Builds the GPU tests and benchmarks here and packs them for the GPU machine (device-pack).
 # Then, on the GPU machine (one `device` call, carrying .device-pack):
 #   bash scripts/gpu_check.sh run
-# runs the gpu-tagged tests, the GPU benchmark and the PyTorch baseline, and prints a table.
+# runs the gpu-tagged tests, the FlashInfer baseline, the GPU benchmark (its table beside
+# FlashInfer's figures and the read floor) and the PyTorch baseline.
+# `run quick`: cuda_backend_test, then the baselines and benchmark only (kernel iterations).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ ${1:-} == run ]]; then
@@ -10,13 +12,17 @@ if [[ ${1:-} == run ]]; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   status=0
   .device-pack/bin/cuda_backend_test || status=$?
-  .device-pack/bin/nccl_group_test || status=$?
-  .device-pack/bin/gpu_bench || status=$?
-  # FlashInfer on the same logits, where scripts/flashinfer_baseline.sh could build it.
+  [[ ${2:-} == quick ]] || .device-pack/bin/nccl_group_test || status=$?
+  # FlashInfer on gpu_bench's logits (where scripts/flashinfer_baseline.sh could build it), then
+  # gpu_bench, which prints its figures beside FlashInfer's and the read floor.
+  bench_args=()
   if [[ -x .device-pack/bin/flashinfer_baseline ]]; then
-    .device-pack/bin/flashinfer_baseline || status=$?
+    fi_out=$(mktemp)
+    .device-pack/bin/flashinfer_baseline "$fi_out" || status=$?
+    bench_args=(--flashinfer="$fi_out")
   fi
-  python3 bench/torch_baseline.py || status=$?
+  .device-pack/bin/gpu_bench "${bench_args[@]}" || status=$?
+  [[ ${2:-} == quick ]] || python3 bench/torch_baseline.py || status=$?
   exit $status
 fi
 bazel build -c opt //cuda:cuda_backend_test //cuda:nccl_group_test //bench:gpu_bench \

@@ -12,17 +12,18 @@ namespace cuda {
 namespace detail {
 
 // The rest of SPEC 3 and all of SPEC 5-7 for a row whose kept set (and top logprobs) lie in
-// the candidates sh.cand_id/cand_s [0, n_cand), a prefix of the order: sort, top-p (over the
-// full Z), top-k, min-p, log_softmax, then the draw or verification, and the outputs.
+// the candidates sh.cand_id/cand_s [0, n_cand), a prefix of the order: sort (unless `sorted`:
+// the caller placed them in order), top-p (over the full Z), top-k, min-p, log_softmax, then
+// the draw or verification, and the outputs.
 static __device__ void FinishCandidates(Shared& sh, const RowJob& job, RowResult& out, int V, float M,
-                                 double Z, int n_cand) {
+                                        double Z, int n_cand, bool sorted) {
   const bool prompt = job.kind == kRowPrompt;
   const bool top_k = job.top_k > 0 && job.top_k < V;
   const bool top_p = job.top_p < 1.0f;
   const float min_p = prompt ? 0.0f : job.min_p;
   for (int i = threadIdx.x; i < n_cand; i += blockDim.x) sh.cand_key[i] = sh.cand_s[i];
   __syncthreads();
-  SortCandidates(sh, n_cand);
+  if (!sorted) SortCandidates(sh, n_cand);
   int kept = n_cand;
   PrefixSums(sh, n_cand, [&](int i) { return static_cast<double>(expf(sh.cand_s[i] - M)); });
   if (top_p) {

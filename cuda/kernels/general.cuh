@@ -145,7 +145,7 @@ static __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) 
       }
     }
     __syncthreads();
-    FinishCandidates(sh, job, out, V, M, Z, n_cand);
+    FinishCandidates(sh, job, out, V, M, Z, n_cand, /*sorted=*/false);
     return;
   } else {
     // ---- Global path: radix selections over the whole row.
