@@ -13,7 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "cuda/sampling_launch.h"
 #include "sampler/dtype.h"
-#include "sampler/penalties.h"
+#include "sampler/token_updates.h"
 #include "sampler/range_allocator.h"
 #include "sampler/row_processor.h"
 #include "sampler/status_macros.h"
@@ -85,7 +85,7 @@ struct HostJob {
   const float* q_device = nullptr;  // the pooled q row already on the device
   bool draft_out;
   std::shared_ptr<const DeviceDraftRow> pool_row;  // DRAFT: where the kernel writes the row
-  std::vector<cuda::Penalty> penalties;
+  std::vector<cuda::RowUpdate> updates;  // SPEC 3 steps 2b-d and 3, sorted by token
 };
 
 // The draft pool's device memory: one slab of the pool's capacity, allocated at the first
@@ -189,7 +189,7 @@ struct CudaBackend::Impl {
   cudaEvent_t start = nullptr, stop = nullptr;
 
   absl::Mutex mu;  // one step at a time: buffers below are per step
-  DeviceBuffer logits, jobs_d, lists_d, penalties_d, masks_d, q_d, workspace, split_d, results_d;
+  DeviceBuffer logits, jobs_d, lists_d, updates_d, masks_d, q_d, workspace, split_d, results_d;
   // The split path's per-row arrival counters: zeroed when allocated, and every launch leaves
   // them zero (cuda::StepParams::split_arrivals), so no per-step memset.
   DeviceBuffer split_arrivals_d;
@@ -210,37 +210,37 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
   const int n = static_cast<int>(end - begin);
   const size_t mask_bytes = 4 * ((static_cast<size_t>(V) + 31) / 32);
   int masks = 0, verifies = 0;  // verifies: q rows uploaded from the host
-  std::vector<cuda::Penalty> penalties;
+  std::vector<cuda::RowUpdate> updates;  // every job's token updates, job after job
   for (size_t i = begin; i < end; ++i) {
     HostJob& h = jobs[i];
     masks += h.mask != nullptr;
     verifies += h.q_host >= 0;
-    h.job.penalty_begin = static_cast<int32_t>(penalties.size());
-    penalties.insert(penalties.end(), h.penalties.begin(), h.penalties.end());
-    h.job.penalty_end = static_cast<int32_t>(penalties.size());
+    h.job.update_begin = static_cast<int32_t>(updates.size());
+    updates.insert(updates.end(), h.updates.begin(), h.updates.end());
+    h.job.update_end = static_cast<int32_t>(updates.size());
   }
   RETURN_IF_ERROR(jobs_d.Reserve(n * sizeof(cuda::RowJob)));
-  RETURN_IF_ERROR(penalties_d.Reserve(penalties.size() * sizeof(cuda::Penalty)));
+  RETURN_IF_ERROR(updates_d.Reserve(updates.size() * sizeof(cuda::RowUpdate)));
   RETURN_IF_ERROR(masks_d.Reserve(masks * mask_bytes));
   RETURN_IF_ERROR(q_d.Reserve(static_cast<size_t>(verifies) * V * sizeof(float)));
   RETURN_IF_ERROR(workspace.Reserve(cuda::StepParams::WorkspaceBytes(n, V)));
   RETURN_IF_ERROR(results_d.Reserve(n * sizeof(cuda::RowResult)));
   RETURN_IF_ERROR(results_h.Reserve(n * sizeof(cuda::RowResult)));
 
-  // Stage jobs, penalties, masks and draft rows in pinned memory, then one copy each.
+  // Stage jobs, token updates, masks and draft rows in pinned memory, then one copy each.
   const size_t job_bytes = n * sizeof(cuda::RowJob);
-  const size_t pen_bytes = penalties.size() * sizeof(cuda::Penalty);
+  const size_t pen_bytes = updates.size() * sizeof(cuda::RowUpdate);
   const size_t q_bytes = static_cast<size_t>(verifies) * V * sizeof(float);
   const size_t list_bytes = n * sizeof(int32_t);  // split_jobs, then fused_jobs
   const size_t staging_bytes = job_bytes + pen_bytes + masks * mask_bytes + q_bytes + list_bytes + 64;
   RETURN_IF_ERROR(staging.Reserve(staging_bytes));
   char* stage = staging.as<char>();
   cuda::RowJob* job_stage = reinterpret_cast<cuda::RowJob*>(stage);
-  cuda::Penalty* pen_stage = reinterpret_cast<cuda::Penalty*>(stage + job_bytes);
+  cuda::RowUpdate* pen_stage = reinterpret_cast<cuda::RowUpdate*>(stage + job_bytes);
   unsigned char* mask_stage = reinterpret_cast<unsigned char*>(stage + job_bytes + pen_bytes);
   float* q_stage = reinterpret_cast<float*>(stage + job_bytes + pen_bytes + masks * mask_bytes);
   int32_t* list_stage = reinterpret_cast<int32_t*>(reinterpret_cast<char*>(q_stage) + q_bytes);
-  std::memcpy(pen_stage, penalties.data(), pen_bytes);
+  std::memcpy(pen_stage, updates.data(), pen_bytes);
   int m = 0, qv = 0;
   for (int k = 0; k < n; ++k) {
     HostJob& h = jobs[begin + k];
@@ -286,7 +286,7 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
   SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(lists_d.as<void>(), list_stage, list_bytes, cudaMemcpyHostToDevice, stream));
   SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(jobs_d.as<void>(), job_stage, job_bytes, cudaMemcpyHostToDevice, stream));
   if (pen_bytes > 0) {
-    SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(penalties_d.as<void>(), pen_stage, pen_bytes, cudaMemcpyHostToDevice, stream));
+    SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(updates_d.as<void>(), pen_stage, pen_bytes, cudaMemcpyHostToDevice, stream));
   }
   if (masks > 0) {
     SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(masks_d.as<void>(), mask_stage, masks * mask_bytes, cudaMemcpyHostToDevice, stream));
@@ -306,8 +306,8 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
   params.vocab_size = V;
   params.jobs = jobs_d.as<cuda::RowJob>();
   params.num_jobs = n;
-  params.penalties = penalties_d.as<cuda::Penalty>();
-  params.num_penalties = static_cast<int32_t>(penalties.size());
+  params.updates = updates_d.as<cuda::RowUpdate>();
+  params.num_updates = static_cast<int32_t>(updates.size());
   params.workspace = ws;
   params.row_max = row_max;
   params.results = results_d.as<cuda::RowResult>();
@@ -340,7 +340,7 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
     SAMPLERD_CUDA_RETURN(cuda::LaunchFusedRows(params, stream));
   } else {
     SAMPLERD_CUDA_RETURN(cuda::LaunchPrepareRows(params, stream));
-    SAMPLERD_CUDA_RETURN(cuda::LaunchPenalties(params, stream));
+    SAMPLERD_CUDA_RETURN(cuda::LaunchRowUpdates(params, stream));
     SAMPLERD_CUDA_RETURN(cuda::LaunchSampleRows(params, stream));
   }
   SAMPLERD_CUDA_RETURN(cudaEventRecord(stop, stream));
@@ -389,16 +389,17 @@ std::vector<double> CudaBackend::last_stage_us() const { return impl_->stage_us;
 
 namespace {
 
-// The penalty entries of one row (sampler/penalties: distinct tokens with output counts).
-std::vector<cuda::Penalty> PenaltiesFor(const NormalizedParams& params,
-                                        const std::vector<int32_t>& prompt,
-                                        const std::vector<int32_t>& output,
-                                        const std::vector<int32_t>& extra) {
-  std::vector<cuda::Penalty> out;
-  if (!params.HasPenalties()) return out;
-  for (const PenaltyTerm& term : PenaltyTerms(prompt, output, extra)) {
-    out.push_back(cuda::Penalty{term.token, term.count, params.repetition_penalty,
-                                params.presence_penalty, params.frequency_penalty});
+// The device form of a row's token updates (sampler/token_updates.h), with the request's
+// penalty settings in each entry.
+std::vector<cuda::RowUpdate> DeviceUpdates(const std::vector<TokenUpdate>& updates,
+                                           const NormalizedParams& params) {
+  std::vector<cuda::RowUpdate> out;
+  out.reserve(updates.size());
+  for (const TokenUpdate& u : updates) {
+    const int32_t flags = (u.ban ? cuda::kUpdateBan : 0) | (u.has_bias ? cuda::kUpdateBias : 0) |
+                          (u.penalize ? cuda::kUpdatePenalize : 0);
+    out.push_back(cuda::RowUpdate{u.token, flags, u.bias, u.count, params.repetition_penalty,
+                                  params.presence_penalty, params.frequency_penalty});
   }
   return out;
 }
@@ -444,13 +445,7 @@ absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
     h.mask = row.mask;
     const bool verify = step.kind == StepKind::kDecode && task.index < inputs.num_rows - 1;
     j.kind = verify ? cuda::kRowVerify : cuda::kRowFresh;
-    std::vector<int32_t> extra;
-    if (step.kind == StepKind::kDecode) {
-      for (int32_t k = 0; k < task.index; ++k) {
-        if (inputs.draft_token_ids[k] >= 0) extra.push_back(inputs.draft_token_ids[k]);
-      }
-    }
-    h.penalties = PenaltiesFor(request.params, inputs.prompt_token_ids, inputs.output_token_ids, extra);
+    h.updates = DeviceUpdates(request.RowUpdates(step.kind, task.index), request.params);
     if (verify) {
       h.verify = true;
       j.draft_token = inputs.draft_token_ids[task.index];

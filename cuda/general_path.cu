@@ -42,23 +42,22 @@ __global__ void __launch_bounds__(kPrepareThreads) PrepareRowsKernel(StepParams 
   }
 }
 
-// Penalties: one thread per (job, token) entry; entries of a job name distinct tokens.
-__global__ void PenaltiesKernel(StepParams p) {
+// Token updates (adjustments and penalties): one thread per (job, token) entry; entries of a
+// job name distinct tokens.
+__global__ void RowUpdatesKernel(StepParams p) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= p.num_penalties) return;
+  if (i >= p.num_updates) return;
   // Find the job owning entry i (jobs' ranges are sorted and disjoint).
   int lo = 0, hi = p.num_jobs - 1;
   while (lo < hi) {
     const int mid = (lo + hi) / 2;
-    if (p.jobs[mid].penalty_end <= i) lo = mid + 1; else hi = mid;
+    if (p.jobs[mid].update_end <= i) lo = mid + 1; else hi = mid;
   }
-  const Penalty& pen = p.penalties[i];
+  const RowUpdate& u = p.updates[i];
   float* x = p.workspace + static_cast<int64_t>(lo) * p.vocab_size;
-  const float v = ApplyPenaltyTerm(x[pen.token], pen);
-  if (LeftFloatRange(x[pen.token], v)) {
-    atomicOr(reinterpret_cast<int*>(&p.results[lo].status), kRowOverflow);
-  }
-  x[pen.token] = v;
+  bool left_range = false;
+  x[u.token] = ApplyRowUpdate(x[u.token], u, &left_range);
+  if (left_range) atomicOr(reinterpret_cast<int*>(&p.results[lo].status), kRowOverflow);
 }
 
 __global__ void __launch_bounds__(kSampleThreads) SampleRowsKernel(StepParams p) {
@@ -76,7 +75,7 @@ const char* StepParams::Validate() const {
   if (vocab_size < 1) return "vocab_size must be >= 1";
   if (row_stride < vocab_size) return "row_stride is less than vocab_size";
   if (num_jobs < 0 || (num_jobs > 0 && jobs == nullptr)) return "jobs is null";
-  if (num_penalties < 0 || (num_penalties > 0 && penalties == nullptr)) return "penalties is null";
+  if (num_updates < 0 || (num_updates > 0 && updates == nullptr)) return "updates is null";
   if (num_jobs > 0 && (workspace == nullptr || row_max == nullptr || results == nullptr)) {
     return "workspace, row_max and results are required";
   }
@@ -104,10 +103,10 @@ cudaError_t LaunchPrepareRows(const StepParams& params, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-cudaError_t LaunchPenalties(const StepParams& params, cudaStream_t stream) {
-  if (params.num_penalties == 0) return cudaSuccess;
+cudaError_t LaunchRowUpdates(const StepParams& params, cudaStream_t stream) {
+  if (params.num_updates == 0) return cudaSuccess;
   const int threads = 256;
-  detail::PenaltiesKernel<<<(params.num_penalties + threads - 1) / threads, threads, 0, stream>>>(
+  detail::RowUpdatesKernel<<<(params.num_updates + threads - 1) / threads, threads, 0, stream>>>(
       params);
   return cudaGetLastError();
 }

@@ -7,12 +7,12 @@
 // launches on the caller's stream:
 //   LaunchPrepareRows   logits (fp32/bf16/fp16) -> workspace x: padding, grammar mask, NaN
 //                       check, per-row max; several blocks per row.
-//   LaunchPenalties     sparse repetition/presence/frequency updates of x.
+//   LaunchRowUpdates    sparse token updates of x: adjustments, then penalties.
 //   LaunchSampleRows    one block per row: force top-N, temperature, top-p, top-k, min-p,
 //                       log_softmax, the seeded draw, verification, outputs.
 //
 //   RETURN_IF_ERROR(params.Validate());
-//   LaunchPrepareRows(params, stream); LaunchPenalties(params, stream);
+//   LaunchPrepareRows(params, stream); LaunchRowUpdates(params, stream);
 //   LaunchSampleRows(params, stream);
 //
 // Every reduction has a fixed order that depends on V only, never on the number of rows or
@@ -58,14 +58,18 @@ struct RowJob {
   const unsigned char* mask;  // grammar bitmask (ceil(V/32) words), null = none
   const float* q_dense;     // kRowVerify: the draft's processed logprobs [V] (dense)
   float* pool_out;          // DRAFT rows: write processed logprobs [V] here, or null
-  int32_t penalty_begin;    // [begin, end) of this job's entries in Penalty list
-  int32_t penalty_end;
+  int32_t update_begin;     // [begin, end) of this job's entries in StepParams::updates
+  int32_t update_end;
 };
 
-// A penalty applied to one token of one job's row.
-struct Penalty {
+// The updates of one token of one job's row (SPEC 3 steps 2b-d and 3): the host's
+// sampler/token_updates.h entry with its request's penalties, applied by UpdateToken.
+enum RowUpdateFlags : int32_t { kUpdateBan = 1, kUpdateBias = 2, kUpdatePenalize = 4 };
+struct RowUpdate {
   int32_t token;
-  int32_t count;            // occurrences in the output history (0 = prompt only)
+  int32_t flags;            // RowUpdateFlags
+  float bias;               // kUpdateBias
+  int32_t count;            // occurrences in the output history (kUpdatePenalize)
   float repetition;         // 1 = none
   float presence;
   float frequency;
@@ -76,7 +80,7 @@ struct Penalty {
 enum RowStatus : int32_t {
   kRowNonFinite = 1,  // NaN or +inf among the row's real columns
   kRowNoToken = 2,    // no token left after steps 1-8
-  kRowOverflow = 4,   // a penalty or the temperature pushed a finite value out of float32
+  kRowOverflow = 4,   // a bias, a penalty or the temperature pushed a finite value out of float32
 };
 
 // What a row job produces (device, copied back per step).
@@ -100,11 +104,11 @@ struct StepParams {
   LogitsDType dtype = kF32;
   int64_t row_stride = 0;
   int32_t vocab_size = 0;          // V (columns >= V are padding)
-  // in: jobs [num_jobs] and penalties [num_penalties], device memory.
+  // in: jobs [num_jobs] and token updates [num_updates], device memory.
   const RowJob* jobs = nullptr;
   int32_t num_jobs = 0;
-  const Penalty* penalties = nullptr;
-  int32_t num_penalties = 0;
+  const RowUpdate* updates = nullptr;
+  int32_t num_updates = 0;
   // scratch: [num_jobs, V] floats (x after steps 1-3) and [num_jobs] row maxima (ordered ints).
   float* workspace = nullptr;
   unsigned int* row_max = nullptr;
@@ -144,7 +148,7 @@ inline bool SplitPathEligible(const RowJob& job, int32_t vocab_size) {
 cudaError_t LaunchSplitRows(const StepParams& params, cudaStream_t stream);
 
 cudaError_t LaunchPrepareRows(const StepParams& params, cudaStream_t stream);
-cudaError_t LaunchPenalties(const StepParams& params, cudaStream_t stream);
+cudaError_t LaunchRowUpdates(const StepParams& params, cudaStream_t stream);
 cudaError_t LaunchSampleRows(const StepParams& params, cudaStream_t stream);
 
 }  // namespace cuda

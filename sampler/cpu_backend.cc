@@ -61,7 +61,6 @@ class DraftRowView {
 
 struct CpuBackend::Worker {
   RowProcessor processor;
-  std::vector<int32_t> extra_tokens;  // a DECODE row's earlier drafts
   std::vector<float> draft_values;    // one sent top-N draft row, as float
 };
 
@@ -157,18 +156,11 @@ absl::StatusOr<StepResult> CpuBackend::Sample(const StepPlan& plan) {
     options.vocab_size = step.vocab_size;
     options.force_top_n = step.force_top_n;
     options.mask = row.mask;
-    options.prompt_tokens = inputs.prompt_token_ids;
-    options.output_tokens = inputs.output_token_ids;
     options.field = field.c_str();
-    if (step.kind == StepKind::kDecode) {
-      // SPEC 3.3: row j conditions on the drafts of rows 0..j-1 (ids outside the top-N, -1,
-      // are unknown and add nothing).
-      worker.extra_tokens.clear();
-      for (int32_t k = 0; k < task.index; ++k) {
-        if (inputs.draft_token_ids[k] >= 0) worker.extra_tokens.push_back(inputs.draft_token_ids[k]);
-      }
-      options.extra_output_tokens = worker.extra_tokens;
-    }
+    // SPEC 3 steps 2b-d and 3 against the row's history (a DECODE row j's includes the drafts
+    // of rows 0..j-1).
+    const std::vector<TokenUpdate> updates = request.RowUpdates(step.kind, task.index);
+    options.updates = updates;
     out.status = proc.Process(step.logits, row.row, options);
     if (!out.status.ok()) return;
 

@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "sampler/dtype.h"
-#include "sampler/penalties.h"
 #include "sampler/spec_rules.h"
 #include "sampler/row_kernels.h"
 
@@ -73,8 +72,8 @@ absl::Status NonFiniteLogitsError(const std::string& field, int32_t row, int32_t
 absl::Status ValueOverflowError(const std::string& field, int32_t row) {
   return absl::InvalidArgumentError(
       absl::StrCat(field, ": logits row ", row,
-                   ": a penalty or the temperature pushed a finite value out of the float32 "
-                   "range"));
+                   ": a logit bias, a penalty or the temperature pushed a finite value out of "
+                   "the float32 range"));
 }
 
 absl::Status NoTokenLeftError(const std::string& field, int32_t row) {
@@ -100,8 +99,9 @@ absl::Status RowProcessor::Process(const LogitsView& logits, int32_t row,
   }
   if (!options.prompt_mode) {
     if (options.mask != nullptr) ApplyMask(options.mask);                    // step 2
-    if (params.HasPenalties()) {                                             // step 3
-      if (!ApplyPenalties(options)) return ValueOverflowError(options.field, row);
+    if (!options.updates.empty() &&                                          // steps 2b-d, 3
+        !ApplyTokenUpdates(options)) {
+      return ValueOverflowError(options.field, row);
     }
     if (options.force_top_n > 0 && options.force_top_n < vocab) {
       ApplyForceTopN(options.force_top_n);                                   // step 4
@@ -154,18 +154,15 @@ void RowProcessor::ApplyMask(const unsigned char* mask) {
   }
 }
 
-bool RowProcessor::ApplyPenalties(const RowOptions& options) {
+bool RowProcessor::ApplyTokenUpdates(const RowOptions& options) {
   const NormalizedParams& params = *options.params;
-  bool in_range = true;
-  for (const PenaltyTerm& term : PenaltyTerms(options.prompt_tokens, options.output_tokens,
-                                              options.extra_output_tokens)) {
-    const float x = scores_[term.token];
-    const float y = ApplyPenalty(x, params.repetition_penalty, params.presence_penalty,
-                                 params.frequency_penalty, term.count);
-    in_range &= !LeftFloatRange(x, y);
-    scores_[term.token] = y;
+  bool left_range = false;
+  for (const TokenUpdate& u : options.updates) {
+    scores_[u.token] = UpdateToken(scores_[u.token], u.ban, u.has_bias, u.bias, u.penalize,
+                                   params.repetition_penalty, params.presence_penalty,
+                                   params.frequency_penalty, u.count, &left_range);
   }
-  return in_range;
+  return !left_range;
 }
 
 void RowProcessor::ApplyForceTopN(int32_t n) {

@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "sampler/token_updates.h"
 #include "sampler/types.h"
 #include "sampler/validate.h"
 
@@ -35,12 +36,11 @@ struct RowOptions {
   int32_t vocab_size = 0;                    // V: columns >= V are padding
   int32_t force_top_n = 0;                   // 0 = off
   const unsigned char* mask = nullptr;       // SPEC 3.2 bitmask; null = unconstrained
-  // Penalty history (SPEC 3.3): prompt tokens, output tokens, and the extra output tokens the
-  // row conditions on (a DECODE row's earlier drafts).
-  absl::Span<const int32_t> prompt_tokens;
-  absl::Span<const int32_t> output_tokens;
-  absl::Span<const int32_t> extra_output_tokens;
-  // Prompt logprobs use steps 1, 5, 6 and 7 only (no mask, penalties, force top-N or min-p).
+  // SPEC 3 steps 2b-d and 3: the row's token updates (sampler/token_updates.h), sorted by
+  // token; penalties' settings come from `params`.
+  absl::Span<const TokenUpdate> updates;
+  // Prompt logprobs use steps 1, 5, 6 and 7 only (no mask, adjustments, penalties, force
+  // top-N or min-p).
   bool prompt_mode = false;
   // Field named in row errors, e.g. "requests[2] row 7".
   const char* field = "";
@@ -49,7 +49,7 @@ struct RowOptions {
 // The row faults of SPEC 3, worded once for every backend. `field` names the request.
 absl::Status NonFiniteLogitsError(const std::string& field, int32_t row, int32_t vocab_size);
 absl::Status NoTokenLeftError(const std::string& field, int32_t row);
-// A penalty or the temperature turned a finite value into +-inf (SPEC 3: an error of the
+// A logit bias, a penalty or the temperature turned a finite value into +-inf (SPEC 3: an error of the
 // request). Worded the same by every backend.
 absl::Status ValueOverflowError(const std::string& field, int32_t row);
 
@@ -107,7 +107,8 @@ class RowProcessor {
  private:
   void ApplyMask(const unsigned char* mask);
   // False when a penalty pushed a finite value out of the float32 range.
-  bool ApplyPenalties(const RowOptions& options);
+  // The row's token updates; false when a value left the float32 range.
+  bool ApplyTokenUpdates(const RowOptions& options);
   void ApplyForceTopN(int32_t n);
   // Top-p then top-k on the order; sets the cut and the sorted kept prefix.
   void ApplyTopPTopK(float top_p, int32_t top_k);

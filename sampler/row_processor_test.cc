@@ -166,7 +166,9 @@ TEST(RowProcessor, ValueLeavingFloat32IsAnError) {
     RowOptions options;
     options.params = &params;
     options.vocab_size = 4;
-    options.prompt_tokens = prompt;
+    const std::vector<TokenUpdate> updates =
+        RowTokenUpdates({}, params.Penalties(), prompt, {}, {});
+    options.updates = updates;
     options.field = "requests[0]";
     if (c.masked) options.mask = reinterpret_cast<const unsigned char*>(mask.data());
     RowProcessor proc;
@@ -193,8 +195,9 @@ TEST(RowProcessor, RepetitionThenPresenceAndFrequency) {
   RowOptions options;
   options.params = &params;
   options.vocab_size = 4;
-  options.prompt_tokens = prompt;
-  options.output_tokens = output;
+  const std::vector<TokenUpdate> updates =
+      RowTokenUpdates({}, params.Penalties(), prompt, output, {});
+  options.updates = updates;
   RowProcessor proc;
   ASSERT_TRUE(proc.Process(logits.View(), 0, options).ok());
   // 0: 2/2 = 1. 1: -2*2 = -4, then -0.5 - 0.25 = -4.75. 2: 1/2 = 0.5, -0.5 - 0.5 = -0.5.
@@ -295,8 +298,9 @@ void CheckAgainstReference(const RandomCase& c, uint64_t seed, int* compared) {
   options.vocab_size = c.vocab;
   options.force_top_n = c.force_top_n;
   options.mask = ref_options.mask;
-  options.prompt_tokens = prompt;
-  options.output_tokens = output;
+  const std::vector<TokenUpdate> updates =
+      RowTokenUpdates({}, c.params.Penalties(), prompt, output, {});
+  options.updates = updates;
   options.prompt_mode = c.prompt_mode;
   RowProcessor proc;
   ASSERT_TRUE(proc.Process(view, 0, options).ok());

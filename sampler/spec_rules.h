@@ -1,6 +1,6 @@
 // The rules of SPEC that every backend computes alike, written once for the CPU pipeline and
-// the CUDA kernels: the counter-based random numbers (section 4), the penalty arithmetic
-// (3.3), the float32-range rule (3), the grammar mask bit (3.2), the order key of scores and
+// the CUDA kernels: the counter-based random numbers (section 4), the token adjustments' and
+// penalties' arithmetic (3.2, 3.3), the float32-range rule (3), the grammar mask bit (3.2), the order key of scores and
 // the draft accept rule (6). Dependency-free and `__host__ __device__` under nvcc, so both
 // sides include this header and nothing is written twice.
 //
@@ -87,6 +87,28 @@ SAMPLERD_SPEC_FN float ApplyPenalty(float x, float repetition, float presence, f
 // SPEC 3: a finite value that a step turned into +-inf is an error of its request.
 SAMPLERD_SPEC_FN bool LeftFloatRange(float before, float after) {
   return IsFiniteFloat(before) && !IsFiniteFloat(after);
+}
+
+// SPEC 3 steps 2b-d, then 3, on one token of a sampled row (one entry of the row's token
+// updates, sampler/token_updates.h): a ban (a bad word it would complete, a stop id before
+// min_tokens) makes it -inf; else a logit bias adds to it unless it is -inf already; then the
+// penalties when it is in the penalty history. Sets *left_range when a finite value left the
+// float32 range at the bias or at the penalties (SPEC 3: an error of the request).
+SAMPLERD_SPEC_FN float UpdateToken(float x, bool ban, bool has_bias, float bias, bool penalize,
+                                   float repetition, float presence, float frequency,
+                                   int32_t count, bool* left_range) {
+  if (ban) return -__builtin_huge_valf();
+  if (has_bias && IsFiniteFloat(x)) {
+    const float y = x + bias;
+    *left_range = *left_range || LeftFloatRange(x, y);
+    x = y;
+  }
+  if (penalize) {
+    const float y = ApplyPenalty(x, repetition, presence, frequency, count);
+    *left_range = *left_range || LeftFloatRange(x, y);
+    x = y;
+  }
+  return x;
 }
 
 // SPEC 3.2: token t is allowed when bit t % 32 of little-endian int32 word t / 32 is set,

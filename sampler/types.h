@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -62,6 +63,12 @@ struct SamplingParams {
   std::optional<float> frequency_penalty;
   std::optional<int32_t> top_logprobs;
   std::optional<uint64_t> seq_seed;
+  // Token adjustments (SPEC 2; SPEC 3 step 2): all off when empty / 0.
+  std::vector<int32_t> allowed_token_ids;          // empty = every token
+  std::vector<std::vector<int32_t>> bad_words;     // token-id sequences
+  int32_t min_tokens = 0;                          // with stop_token_ids
+  std::vector<int32_t> stop_token_ids;
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token, bias); the proto's map entries
 };
 
 // Draft distributions sent with a DECODE request (SPEC section 6).

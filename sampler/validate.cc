@@ -1,6 +1,8 @@
 #include "sampler/validate.h"
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <string>
 
@@ -175,6 +177,69 @@ absl::Status ClaimRows(const Step& step, size_t index, RowClaims& claims) {
   return absl::OkStatus();
 }
 
+// SPEC 2's token adjustments of one request, against V: token ids in [0, V), logit_bias keys
+// once each; then the request's TokenAdjustments, and allowed_token_ids folded into each
+// sampled row's mask (SPEC 3 step 2a: a token not listed gets -inf, as a masked one does).
+absl::Status PlanAdjustments(const SamplingParams& params, int32_t vocab_size,
+                             const std::string& field, RequestPlan& plan) {
+  if (auto status = CheckTokenIds(params.allowed_token_ids, vocab_size, false,
+                                  field + ".allowed_token_ids");
+      !status.ok()) {
+    return status;
+  }
+  if (auto status = CheckTokenIds(params.stop_token_ids, vocab_size, false,
+                                  field + ".stop_token_ids");
+      !status.ok()) {
+    return status;
+  }
+  for (size_t w = 0; w < params.bad_words.size(); ++w) {
+    if (auto status = CheckTokenIds(params.bad_words[w], vocab_size, false,
+                                    absl::StrCat(field, ".bad_words[", w, "].token_ids"));
+        !status.ok()) {
+      return status;
+    }
+  }
+  TokenAdjustments& adj = plan.adjustments;
+  for (const auto& [token, bias] : params.logit_bias) {
+    if (token < 0 || token >= vocab_size) {
+      return Invalid(absl::StrCat(field, ".logit_bias[", token, "]"),
+                     absl::StrCat("token id ", token, " is outside [0, vocab_size = ", vocab_size,
+                                  ")"));
+    }
+    adj.logit_bias.emplace_back(token, bias);
+  }
+  std::sort(adj.logit_bias.begin(), adj.logit_bias.end());
+  for (size_t i = 1; i < adj.logit_bias.size(); ++i) {
+    if (adj.logit_bias[i].first == adj.logit_bias[i - 1].first) {
+      return Invalid(absl::StrCat(field, ".logit_bias[", adj.logit_bias[i].first, "]"),
+                     "names the token twice");
+    }
+  }
+  adj.bad_words = params.bad_words;
+  adj.min_tokens = params.min_tokens;
+  adj.stop_token_ids = params.stop_token_ids;
+  std::sort(adj.stop_token_ids.begin(), adj.stop_token_ids.end());
+  adj.stop_token_ids.erase(std::unique(adj.stop_token_ids.begin(), adj.stop_token_ids.end()),
+                           adj.stop_token_ids.end());
+  if (params.allowed_token_ids.empty()) return absl::OkStatus();
+  // The allowed ids' mask, shared by rows without a grammar mask; AND-ed with each row's own.
+  const size_t bytes = 4 * ((static_cast<size_t>(vocab_size) + 31) / 32);
+  auto allowed = std::make_shared<std::vector<unsigned char>>(bytes, 0);
+  for (int32_t t : params.allowed_token_ids) (*allowed)[t >> 3] |= static_cast<unsigned char>(1u << (t & 7));
+  for (SampledRow& row : plan.sampled_rows) {
+    if (row.mask == nullptr) {
+      row.mask = allowed->data();
+      continue;
+    }
+    auto both = std::make_shared<std::vector<unsigned char>>(*allowed);
+    for (size_t b = 0; b < bytes; ++b) (*both)[b] &= row.mask[b];
+    row.mask = both->data();
+    plan.owned_masks.push_back(std::move(both));
+  }
+  plan.owned_masks.push_back(std::move(allowed));
+  return absl::OkStatus();
+}
+
 // Request-level checks and planning (SPEC sections 1, 2, 4).
 absl::Status PlanRequest(const Step& step, size_t index, const Limits& limits,
                          const SeedSource& seed_source, RequestPlan& plan) {
@@ -267,6 +332,11 @@ absl::Status PlanRequest(const Step& step, size_t index, const Limits& limits,
     }
   }
 
+  if (auto status = PlanAdjustments(request.params, vocab_size, field + ".params", plan);
+      !status.ok()) {
+    return status;
+  }
+
   if (auto status = CheckTokenIds(request.prompt_token_ids, vocab_size, false,
                                   field + ".prompt_token_ids");
       !status.ok()) {
@@ -313,6 +383,12 @@ absl::Status PlanRequest(const Step& step, size_t index, const Limits& limits,
 }
 
 }  // namespace
+
+std::vector<TokenUpdate> RequestPlan::RowUpdates(StepKind kind, int32_t index) const {
+  const std::vector<int32_t> drafts = DraftsBefore(*inputs, kind, index);
+  return RowTokenUpdates(adjustments, params.Penalties(), inputs->prompt_token_ids,
+                         inputs->output_token_ids, drafts);
+}
 
 SeedSource RandomSeedSource() {
   return [] {
@@ -380,6 +456,40 @@ absl::StatusOr<NormalizedParams> NormalizeParams(const SamplingParams& params,
     out.top_logprobs = n;
   }
   if (params.seq_seed) out.seq_seed = *params.seq_seed;
+  // Token adjustments: what can be checked without V (token ids are checked by PlanStep).
+  auto too_long = [&](const std::string& name, size_t size) {
+    return Invalid(field + "." + name,
+                   absl::StrCat(size, " tokens exceed the server limit of ", limits.max_token_list,
+                                " (GetServerInfo limits.max_token_list)"));
+  };
+  if (params.allowed_token_ids.size() > static_cast<size_t>(limits.max_token_list)) {
+    return too_long("allowed_token_ids", params.allowed_token_ids.size());
+  }
+  if (params.stop_token_ids.size() > static_cast<size_t>(limits.max_token_list)) {
+    return too_long("stop_token_ids", params.stop_token_ids.size());
+  }
+  if (params.logit_bias.size() > static_cast<size_t>(limits.max_token_list)) {
+    return too_long("logit_bias", params.logit_bias.size());
+  }
+  size_t bad_word_tokens = 0;
+  for (size_t w = 0; w < params.bad_words.size(); ++w) {
+    if (params.bad_words[w].empty()) {
+      return Invalid(absl::StrCat(field, ".bad_words[", w, "].token_ids"), "is empty");
+    }
+    bad_word_tokens += params.bad_words[w].size();
+  }
+  if (bad_word_tokens > static_cast<size_t>(limits.max_token_list)) {
+    return too_long("bad_words", bad_word_tokens);
+  }
+  if (params.min_tokens < 0) {
+    return Invalid(field + ".min_tokens", absl::StrCat(params.min_tokens, " must be >= 0"));
+  }
+  for (const auto& [token, bias] : params.logit_bias) {
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return Invalid(absl::StrCat(field, ".logit_bias[", token, "]"),
+                     absl::StrCat(bias, " is not a finite bias in [-100, 100]"));
+    }
+  }
   // SPEC section 2: a near-zero temperature becomes SAMPLING_EPS and turns the filters off.
   if (out.temperature < kSamplingEps) {
     out.temperature = kSamplingEps;

@@ -13,9 +13,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "sampler/token_updates.h"
 #include "sampler/types.h"
 
 namespace samplerd {
@@ -32,6 +34,9 @@ struct Limits {
   int32_t max_vocab_size = 1 << 22; // vocab_size and cols
   int32_t max_force_top_n = 16384;  // as the seed's remap_draft_topk bound on NVIDIA
   int32_t max_requests = 1 << 16;   // requests of one step
+  // The longest token list of a request's adjustments (SPEC 2): allowed_token_ids,
+  // stop_token_ids, logit_bias entries, and bad_words (their tokens, all words together).
+  int32_t max_token_list = 16384;
 };
 
 // Parameters after SPEC section 2's checks and normalisation.
@@ -45,8 +50,9 @@ struct NormalizedParams {
   float frequency_penalty = 0.0f;
   int32_t top_logprobs = 0;
   uint64_t seq_seed = 0;     // as sent, or drawn by the server
-  bool HasPenalties() const {
-    return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
+  bool HasPenalties() const { return Penalties().on(); }
+  PenaltySettings Penalties() const {
+    return PenaltySettings{repetition_penalty, presence_penalty, frequency_penalty};
   }
 };
 
@@ -66,6 +72,14 @@ struct RequestPlan {
   uint64_t seed = 0;    // the stream seed: seq_seed, plus kDraftSeedOffset in DRAFT steps
   std::vector<SampledRow> sampled_rows;  // in emission order
   const RequestInputs* inputs = nullptr;  // borrowed from the Step
+  // SPEC 3 step 2b-d, checked (sampler/token_updates.h makes each row's updates from it).
+  TokenAdjustments adjustments;
+  // Masks made here: allowed_token_ids alone, or AND-ed with a row's grammar mask. Sampled
+  // rows point into them (SampledRow::mask).
+  std::vector<std::shared_ptr<const std::vector<unsigned char>>> owned_masks;
+
+  // The updates of sampled row `index` (RowTokenUpdates with this request's history).
+  std::vector<TokenUpdate> RowUpdates(StepKind kind, int32_t index) const;
 };
 
 struct StepPlan {

@@ -19,7 +19,7 @@ static __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) 
   const int V = p.vocab_size;
   const float* x = p.workspace + static_cast<int64_t>(j) * V;
   const bool prompt = job.kind == kRowPrompt;
-  const bool has_penalties = job.penalty_end > job.penalty_begin;
+  const bool has_penalties = job.update_end > job.update_begin;
   const int force_n = prompt ? 0 : job.force_top_n;
   RowScores scores{x, V, job.temperature, false, 0u, 0};
 

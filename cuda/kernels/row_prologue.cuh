@@ -12,9 +12,11 @@ namespace samplerd {
 namespace cuda {
 namespace detail {
 
-// SPEC 3 step 3 on one token: sampler/spec_rules.h's ApplyPenalty, as on the CPU.
-__device__ __forceinline__ float ApplyPenaltyTerm(float v, const Penalty& pen) {
-  return ApplyPenalty(v, pen.repetition, pen.presence, pen.frequency, pen.count);
+// SPEC 3 steps 2b-d and 3 on one token: sampler/spec_rules.h's UpdateToken, as on the CPU.
+__device__ __forceinline__ float ApplyRowUpdate(float v, const RowUpdate& u, bool* left_range) {
+  return UpdateToken(v, (u.flags & kUpdateBan) != 0, (u.flags & kUpdateBias) != 0, u.bias,
+                     (u.flags & kUpdatePenalize) != 0, u.repetition, u.presence, u.frequency,
+                     u.count, left_range);
 }
 
 // The temperature step on a row whose finite values of x lie in [x_min, x_max]: division by
@@ -139,18 +141,17 @@ static __device__ void LoadChunk(const StepParams& p, const RowJob& job, const c
   } else {
     for (int i = threadIdx.x; i < n; i += blockDim.x) admit(i, LoadLogit(row, p.dtype, lo + i));
   }
-  if (job.penalty_end > job.penalty_begin) {
+  if (job.update_end > job.update_begin) {
     __syncthreads();
-    for (int k = job.penalty_begin + threadIdx.x; k < job.penalty_end; k += blockDim.x) {
-      const Penalty pen = p.penalties[k];
-      if (pen.token < lo || pen.token >= lo + n) continue;
-      const float before = xs[pen.token - lo];
-      const float v = ApplyPenaltyTerm(before, pen);
-      if (LeftFloatRange(before, v)) bad |= kRowOverflow;
-      xs[pen.token - lo] = v;
+    for (int k = job.update_begin + threadIdx.x; k < job.update_end; k += blockDim.x) {
+      const RowUpdate u = p.updates[k];
+      if (u.token < lo || u.token >= lo + n) continue;
+      bool left_range = false;
+      xs[u.token - lo] = ApplyRowUpdate(xs[u.token - lo], u, &left_range);
+      if (left_range) bad |= kRowOverflow;
     }
     __syncthreads();
-    m = kNegInf;  // penalties move values: take the extremes again
+    m = kNegInf;  // updates move values: take the extremes again
     mn = INFINITY;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
       const float v = xs[i];
