@@ -8,6 +8,7 @@
 #define SAMPLERD_SAMPLER_REFERENCE_SAMPLER_H_
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "sampler/validate.h"
@@ -20,11 +21,18 @@ struct ReferenceOptions {
   const unsigned char* mask = nullptr;
   std::vector<int32_t> prompt_tokens;
   std::vector<int32_t> output_tokens;  // including a DECODE row's earlier drafts
+  // SPEC 3 step 2's token adjustments, as sent (output_tokens is their history too).
+  std::vector<int32_t> allowed_token_ids;
+  std::vector<std::vector<int32_t>> bad_words;
+  int32_t min_tokens = 0;
+  std::vector<int32_t> stop_token_ids;
+  std::vector<std::pair<int32_t, float>> logit_bias;
   bool prompt_mode = false;
 };
 
 struct ReferenceRow {
-  bool ok = false;                 // false: NaN/+inf in a real column, or no token left
+  // false: NaN/+inf in a real column, a value that left float32, or no token left
+  bool ok = false;
   std::vector<double> logprobs;    // [V] processed logprobs, -inf when removed
   std::vector<double> probs;       // [V] processed probabilities
   std::vector<int32_t> order;      // kept tokens, probability descending, ties by lower id

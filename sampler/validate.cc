@@ -181,7 +181,8 @@ absl::Status ClaimRows(const Step& step, size_t index, RowClaims& claims) {
 // once each; then the request's TokenAdjustments, and allowed_token_ids folded into each
 // sampled row's mask (SPEC 3 step 2a: a token not listed gets -inf, as a masked one does).
 absl::Status PlanAdjustments(const SamplingParams& params, int32_t vocab_size,
-                             const std::string& field, RequestPlan& plan) {
+                             const std::string& field, const Limits& limits,
+                             int64_t* step_mask_bytes, RequestPlan& plan) {
   if (auto status = CheckTokenIds(params.allowed_token_ids, vocab_size, false,
                                   field + ".allowed_token_ids");
       !status.ok()) {
@@ -224,6 +225,16 @@ absl::Status PlanAdjustments(const SamplingParams& params, int32_t vocab_size,
   if (params.allowed_token_ids.empty()) return absl::OkStatus();
   // The allowed ids' mask, shared by rows without a grammar mask; AND-ed with each row's own.
   const size_t bytes = 4 * ((static_cast<size_t>(vocab_size) + 31) / 32);
+  int64_t masks = 1;
+  for (const SampledRow& row : plan.sampled_rows) masks += row.mask != nullptr;
+  const int64_t need = masks * static_cast<int64_t>(bytes);  // <= (rows + 1) * 512 KiB
+  if (need > limits.max_step_mask_bytes - *step_mask_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        field, ".allowed_token_ids: the step's allowed-token masks would take more than the "
+        "server's ", limits.max_step_mask_bytes, " bytes (", masks, " masks of ", bytes,
+        " bytes here)"));
+  }
+  *step_mask_bytes += need;
   auto allowed = std::make_shared<std::vector<unsigned char>>(bytes, 0);
   for (int32_t t : params.allowed_token_ids) (*allowed)[t >> 3] |= static_cast<unsigned char>(1u << (t & 7));
   for (SampledRow& row : plan.sampled_rows) {
@@ -242,7 +253,8 @@ absl::Status PlanAdjustments(const SamplingParams& params, int32_t vocab_size,
 
 // Request-level checks and planning (SPEC sections 1, 2, 4).
 absl::Status PlanRequest(const Step& step, size_t index, const Limits& limits,
-                         const SeedSource& seed_source, RequestPlan& plan) {
+                         const SeedSource& seed_source, int64_t* step_mask_bytes,
+                         RequestPlan& plan) {
   const RequestInputs& request = step.requests[index];
   const std::string field = absl::StrCat("requests[", index, "]");
   const int32_t vocab_size = step.vocab_size;
@@ -332,7 +344,8 @@ absl::Status PlanRequest(const Step& step, size_t index, const Limits& limits,
     }
   }
 
-  if (auto status = PlanAdjustments(request.params, vocab_size, field + ".params", plan);
+  if (auto status = PlanAdjustments(request.params, vocab_size, field + ".params", limits,
+                                    step_mask_bytes, plan);
       !status.ok()) {
     return status;
   }
@@ -511,10 +524,11 @@ absl::StatusOr<StepPlan> PlanStep(const Step& step, const Limits& limits,
   plan.step = &step;
   plan.requests.resize(step.requests.size());
   absl::flat_hash_map<std::string, size_t> seen_ids;
+  int64_t step_mask_bytes = 0;  // made for allowed_token_ids so far
   for (size_t i = 0; i < step.requests.size(); ++i) {
     RequestPlan& request = plan.requests[i];
     request.inputs = &step.requests[i];
-    request.status = PlanRequest(step, i, limits, seed_source, request);
+    request.status = PlanRequest(step, i, limits, seed_source, &step_mask_bytes, request);
     const std::string& id = step.requests[i].request_id;
     if (request.status.ok() && !id.empty()) {
       auto [it, inserted] = seen_ids.emplace(id, i);

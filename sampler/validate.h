@@ -37,6 +37,10 @@ struct Limits {
   // The longest token list of a request's adjustments (SPEC 2): allowed_token_ids,
   // stop_token_ids, logit_bias entries, and bad_words (their tokens, all words together).
   int32_t max_token_list = 16384;
+  // The masks allowed_token_ids make (ceil(V / 32) words per request, and per sampled row that
+  // also has a grammar mask), all requests of a step together: the server sets it to its
+  // message size limit, the bound the grammar masks sent in a step already have.
+  int64_t max_step_mask_bytes = int64_t{64} << 20;
 };
 
 // Parameters after SPEC section 2's checks and normalisation.

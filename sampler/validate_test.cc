@@ -181,6 +181,95 @@ TEST_F(PlanStepTest, RejectsTokenIdsOutsideVocabulary) {
   }
 }
 
+TEST(NormalizeParams, RejectsEachFaultyTokenAdjustment) {
+  const float nan = std::nanf("");
+  struct Case {
+    std::function<void(SamplingParams&)> set;
+    std::string field;
+  };
+  Limits small;
+  small.max_token_list = 3;
+  const std::vector<Case> cases = {
+      {[](SamplingParams& p) { p.logit_bias = {{5, 100.5f}}; }, "params.logit_bias[5]"},
+      {[](SamplingParams& p) { p.logit_bias = {{1, 0.0f}, {6, -101.0f}}; }, "params.logit_bias[6]"},
+      {[&](SamplingParams& p) { p.logit_bias = {{2, nan}}; }, "params.logit_bias[2]"},
+      {[](SamplingParams& p) { p.logit_bias = {{2, INFINITY}}; }, "params.logit_bias[2]"},
+      {[](SamplingParams& p) { p.bad_words = {{1, 2}, {}}; }, "params.bad_words[1].token_ids"},
+      {[](SamplingParams& p) { p.min_tokens = -1; }, "params.min_tokens"},
+      {[](SamplingParams& p) { p.allowed_token_ids = {1, 2, 3, 4}; }, "params.allowed_token_ids"},
+      {[](SamplingParams& p) { p.stop_token_ids = {1, 2, 3, 4}; }, "params.stop_token_ids"},
+      {[](SamplingParams& p) { p.logit_bias = {{1, 0}, {2, 0}, {3, 0}, {4, 0}}; },
+       "params.logit_bias"},
+      {[](SamplingParams& p) { p.bad_words = {{1, 2}, {3, 4}}; }, "params.bad_words"},
+  };
+  for (const Case& c : cases) {
+    SamplingParams p;
+    c.set(p);
+    const absl::Status status = NormalizeParams(p, small, "requests[0].params").status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_THAT(std::string(status.message()), HasSubstr("requests[0]." + c.field));
+  }
+  // The range's ends, and lists at the limit, are accepted.
+  SamplingParams ok;
+  ok.logit_bias = {{1, -100.0f}, {2, 100.0f}, {3, 0.0f}};
+  ok.bad_words = {{1}, {2, 3}};
+  ok.allowed_token_ids = {1, 2, 3};
+  ok.min_tokens = 0;
+  EXPECT_TRUE(NormalizeParams(ok, small, "p").ok());
+}
+
+TEST_F(PlanStepTest, RejectsAdjustmentTokenIdsOutsideVocabulary) {
+  struct Case {
+    std::function<void(RequestInputs&)> set;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {[](RequestInputs& r) { r.params.allowed_token_ids = {3, 37}; },
+       "params.allowed_token_ids[1]"},
+      {[](RequestInputs& r) { r.params.stop_token_ids = {-1}; }, "params.stop_token_ids[0]"},
+      {[](RequestInputs& r) { r.params.bad_words = {{1}, {2, 40}}; },
+       "params.bad_words[1].token_ids[1]"},
+      {[](RequestInputs& r) { r.params.logit_bias = {{37, 1.0f}}; }, "params.logit_bias[37]"},
+      {[](RequestInputs& r) { r.params.logit_bias = {{4, 1.0f}, {4, 2.0f}}; },
+       "params.logit_bias[4]"},
+  };
+  for (const Case& c : cases) {
+    RequestInputs r = PrefillRequest("a", 0, 1);
+    c.set(r);
+    Step step = Prefill({r, PrefillRequest("b", 1, 1)});
+    auto plan = Plan(step);
+    ASSERT_TRUE(plan.ok()) << c.field;
+    EXPECT_EQ(plan->requests[0].status.code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_THAT(std::string(plan->requests[0].status.message()), HasSubstr("requests[0]." + c.field));
+    EXPECT_TRUE(plan->requests[1].status.ok()) << c.field;  // the other request is unharmed
+  }
+}
+
+TEST_F(PlanStepTest, AllowedTokenMasksAreBoundedPerStep) {
+  // V = 37: 8 bytes a mask. Three requests, one with a grammar mask too (two masks).
+  Limits limits;
+  limits.max_step_mask_bytes = 24;
+  RequestInputs a = PrefillRequest("a", 0, 1);
+  a.params.allowed_token_ids = {1};
+  RequestInputs b = PrefillRequest("b", 1, 1);
+  b.params.allowed_token_ids = {2};
+  b.allowed_token_masks = {MaskOf(37, {2, 3})};
+  RequestInputs c = PrefillRequest("c", 2, 1);
+  c.params.allowed_token_ids = {3};
+  Step step = Prefill({a, b, c});
+  auto plan = PlanStep(step, limits, FixedSeeds());
+  ASSERT_TRUE(plan.ok());
+  EXPECT_TRUE(plan->requests[0].status.ok());
+  EXPECT_TRUE(plan->requests[1].status.ok());
+  EXPECT_EQ(plan->requests[2].status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(plan->requests[2].status.message()),
+              HasSubstr("requests[2].params.allowed_token_ids"));
+  // b's row mask is the AND of its grammar mask and its allowed ids: token 2 only.
+  const unsigned char* mask = plan->requests[1].sampled_rows[0].mask;
+  ASSERT_NE(mask, nullptr);
+  EXPECT_EQ(mask[0], 0x04);
+}
+
 TEST_F(PlanStepTest, RejectsShortMaskAndWrongMaskCount) {
   RequestInputs r = PrefillRequest("a", 0, 1);
   r.allowed_token_masks = {std::string(4, '\xff')};  // 1 word; V = 37 needs 2

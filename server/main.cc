@@ -50,6 +50,9 @@ ABSL_FLAG(int, max_rows, 1 << 20, "most logits rows in one step");
 ABSL_FLAG(int, max_vocab_size, 1 << 22, "largest vocab_size / logits cols");
 ABSL_FLAG(int, max_top_logprobs, 64, "largest top_logprobs a request may ask for (>= 20)");
 ABSL_FLAG(int, max_force_top_n, 16384, "largest force_top_n");
+ABSL_FLAG(int, max_token_list, 16384,
+          "longest token list of a request's adjustments (allowed_token_ids, stop_token_ids, "
+          "logit_bias entries, bad_words tokens in all)");
 ABSL_FLAG(int, max_queued_steps, 64,
           "steps admitted at once; further steps get RESOURCE_EXHAUSTED at once");
 ABSL_FLAG(int64_t, draft_pool_bytes, 325LL * (129280 * 4 + 256),
@@ -130,6 +133,10 @@ int Serve() {
     spdlog::error("--max_top_logprobs must be at least 20");
     return 2;
   }
+  if (absl::GetFlag(FLAGS_max_token_list) < 0) {
+    spdlog::error("--max_token_list must be >= 0");
+    return 2;
+  }
   DraftPoolOptions pool_options;
   pool_options.capacity_bytes = absl::GetFlag(FLAGS_draft_pool_bytes);
   pool_options.ttl = absl::Milliseconds(absl::GetFlag(FLAGS_draft_pool_ttl_ms));
@@ -197,8 +204,11 @@ int Serve() {
   options.limits.max_vocab_size = absl::GetFlag(FLAGS_max_vocab_size);
   options.limits.max_top_logprobs = absl::GetFlag(FLAGS_max_top_logprobs);
   options.limits.max_force_top_n = absl::GetFlag(FLAGS_max_force_top_n);
+  options.limits.max_token_list = absl::GetFlag(FLAGS_max_token_list);
   options.max_queued_steps = absl::GetFlag(FLAGS_max_queued_steps);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  // allowed_token_ids' masks are bounded per step as the grammar masks sent are.
+  options.limits.max_step_mask_bytes = options.max_message_bytes;
   // Context-parallel groups: NCCL on the CUDA backend; none on the CPU backend.
   std::unique_ptr<GroupTransport> group_transport;
 #ifdef SAMPLERD_WITH_CUDA

@@ -188,6 +188,16 @@ SamplingParams ParamsFromProto(const v1::SamplingParams& p) {
   if (p.has_frequency_penalty()) out.frequency_penalty = p.frequency_penalty();
   if (p.has_top_logprobs()) out.top_logprobs = p.top_logprobs();
   if (p.has_seq_seed()) out.seq_seed = p.seq_seed();
+  out.allowed_token_ids.assign(p.allowed_token_ids().begin(), p.allowed_token_ids().end());
+  out.bad_words.reserve(p.bad_words_size());
+  for (const v1::TokenSequence& word : p.bad_words()) {
+    out.bad_words.emplace_back(word.token_ids().begin(), word.token_ids().end());
+  }
+  out.min_tokens = p.min_tokens();
+  out.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  // A map: keys are unique; its iteration order is unspecified (validation sorts them).
+  out.logit_bias.reserve(p.logit_bias_size());
+  for (const auto& [token, bias] : p.logit_bias()) out.logit_bias.emplace_back(token, bias);
   return out;
 }
 

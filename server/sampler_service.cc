@@ -374,6 +374,7 @@ grpc::Status SamplerService::GetServerInfo(grpc::ServerContext*, const v1::GetSe
   limits->set_max_top_logprobs(options_.limits.max_top_logprobs);
   limits->set_max_message_bytes(options_.max_message_bytes);
   limits->set_max_force_top_n(options_.limits.max_force_top_n);
+  limits->set_max_token_list(options_.limits.max_token_list);
   if (options_.request_memory != nullptr) {
     limits->set_max_request_memory_bytes(options_.request_memory->capacity());
   }
@@ -399,7 +400,7 @@ grpc::Status SamplerService::GetServerInfo(grpc::ServerContext*, const v1::GetSe
   for (const char* feature :
        {"prefill", "decode", "draft", "draft_pool", "prompt_logprobs", "grammar_masks",
         "penalties", "force_top_n", "sum_smaller_probs", "golden_tokens", "inline_logits",
-        "host_shm", "shards", "bf16", "fp16", "release"}) {
+        "host_shm", "shards", "bf16", "fp16", "release", "token_adjustments"}) {
     response->add_features(feature);
   }
   if (groups_.available()) {

@@ -6,7 +6,7 @@ sequence of ints, masks take xgrammar/numpy int32 bitmask rows (ceil(V / 32) wor
 of word t / 32 set = token t allowed) or bytes.
 """
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Union
+from typing import Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -18,7 +18,13 @@ from .shm import ShmRegion
 @dataclass
 class SamplingParams:
     """SPEC section 2. None = the server's default (temperature 1, no cuts, no penalties).
-    `seed` is the request's seq_seed: fixed seeds make a step replayable."""
+    `seed` is the request's seq_seed: fixed seeds make a step replayable.
+
+    Token adjustments (SPEC 3 step 2), as vLLM's and OpenAI's parameters: `allowed_token_ids`
+    (only these may be sampled), `bad_words` (token-id sequences: the last token of a word is
+    banned where the output history ends with the rest of it), `min_tokens` with
+    `stop_token_ids` (banned until the output history holds min_tokens tokens) and
+    `logit_bias` ({token id: bias in [-100, 100]})."""
 
     temperature: Optional[float] = None
     top_p: Optional[float] = None
@@ -29,6 +35,11 @@ class SamplingParams:
     frequency_penalty: Optional[float] = None
     top_logprobs: Optional[int] = None
     seed: Optional[int] = None
+    allowed_token_ids: Sequence[int] = ()
+    bad_words: Sequence[Sequence[int]] = ()
+    min_tokens: int = 0
+    stop_token_ids: Sequence[int] = ()
+    logit_bias: Optional[Mapping[int, float]] = None
 
     def fill(self, msg):
         for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
@@ -38,6 +49,13 @@ class SamplingParams:
                 setattr(msg, name, value)
         if self.seed is not None:
             msg.seq_seed = self.seed
+        msg.allowed_token_ids.extend(int(t) for t in self.allowed_token_ids)
+        for word in self.bad_words:
+            msg.bad_words.add().token_ids.extend(int(t) for t in word)
+        msg.min_tokens = int(self.min_tokens)
+        msg.stop_token_ids.extend(int(t) for t in self.stop_token_ids)
+        for token, bias in (self.logit_bias or {}).items():
+            msg.logit_bias[int(token)] = float(bias)
 
 
 Mask = Union[bytes, np.ndarray, None]
