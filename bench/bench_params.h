@@ -4,6 +4,7 @@
 #define SAMPLERD_BENCH_BENCH_PARAMS_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "sampler/types.h"
 
@@ -19,6 +20,22 @@ inline SamplingParams BenchParams(uint64_t seed) {
   p.top_logprobs = 5;
   p.seq_seed = seed;
   return p;
+}
+
+// The token adjustments an OpenAI-style request may carry, for measuring their cost (issue:
+// token adjustments): 64 logit-bias entries, 4 bad words (two of which `output` completes,
+// so they ban a token), and min_tokens with two stop ids, active while `output` is shorter.
+// `output` becomes the request's output history; `seed` spreads the entries over V.
+inline void AddBenchAdjustments(SamplingParams& p, std::vector<int32_t>& output, uint64_t seed) {
+  output = {static_cast<int32_t>((seed * 7 + 1) % kBenchVocab),
+            static_cast<int32_t>((seed * 7 + 2) % kBenchVocab), 17, 23};
+  for (int i = 0; i < 64; ++i) {
+    p.logit_bias.emplace_back(static_cast<int32_t>((seed * 131 + i * 2017) % kBenchVocab),
+                              static_cast<float>(i % 9) - 4.0f);
+  }
+  p.bad_words = {{23, 101}, {17, 23, 102}, {5000, 103}, {104}};
+  p.min_tokens = 16;
+  p.stop_token_ids = {2, 3};
 }
 
 }  // namespace samplerd

@@ -69,6 +69,7 @@ struct Config {
   StepKind kind;
   int rows;
   DType dtype;
+  bool adjust = false;  // each request carries AddBenchAdjustments' token adjustments
 };
 
 double MedianKernelUs(CudaBackend& gpu, const Step& step) {
@@ -147,6 +148,9 @@ int Main(int argc, char** argv) {
       {"prefill R=384 bf16", StepKind::kPrefill, 384, DType::kBFloat16},
       {"decode R=384 bf16", StepKind::kDecode, 384, DType::kBFloat16},
       {"prompt R=8192 bf16", StepKind::kPrefill, 8192, DType::kBFloat16},
+      // The cost of token adjustments: the same steps as "prefill R=16" and "decode R=384".
+      {"prefill R=16 +adjust", StepKind::kPrefill, 16, DType::kFloat32, true},
+      {"decode R=384 +adjust", StepKind::kDecode, 384, DType::kFloat32, true},
   };
   struct Row {
     std::string name;
@@ -191,6 +195,7 @@ int Main(int argc, char** argv) {
         r.num_rows = q;
         r.sample_position = 100;
         r.params = BenchParams(i);
+        if (c.adjust) AddBenchAdjustments(r.params, r.output_token_ids, i);
         for (int j = 0; j < q - 1; ++j) r.draft_token_ids.push_back((i * 7919 + j * 104729) % kVocab);
         r.drafts.form = DraftDistributions::Form::kDense;
         LogitsView v = drafts.View();
@@ -209,6 +214,7 @@ int Main(int argc, char** argv) {
       for (int r = 0; r < c.rows; ++r) {
         RequestInputs req = PrefillRequest("r" + std::to_string(r), r, r, 100);
         req.params = BenchParams(r);
+        if (c.adjust) AddBenchAdjustments(req.params, req.output_token_ids, r);
         step.requests.push_back(req);
       }
     }
@@ -230,6 +236,23 @@ int Main(int argc, char** argv) {
     rows_out.push_back({c.name, us, bytes / bandwidth * 1e6,
                         c.dtype == DType::kFloat32 ? "fp32" : "bf16", c.rows});
     cudaFree(device);
+  }
+  // Token adjustments against the same step without them, in this run.
+  for (const Row& r : rows_out) {
+    const std::string suffix = " +adjust";
+    if (r.name.size() <= suffix.size() ||
+        r.name.compare(r.name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      continue;
+    }
+    const std::string plain = r.name.substr(0, r.name.size() - suffix.size());
+    for (const Row& b : rows_out) {
+      if (b.name.rfind(plain, 0) == 0 && b.name.find("bf16") == std::string::npos &&
+          b.name.find(suffix) == std::string::npos) {
+        std::printf("token adjustments: %-22s %8.1f us vs %-22s %8.1f us: %+.1f%%\n",
+                    r.name.c_str(), r.us, b.name.c_str(), b.us, 100.0 * (r.us / b.us - 1.0));
+        break;
+      }
+    }
   }
   // Side by side: the read floor (the logits' bytes at the copy bandwidth measured above) and
   // FlashInfer's fastest path on the same R and dtype (a token per row only; gpu_bench's logits).

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -82,6 +83,12 @@ bool InBoundaryBand(const Step& step, size_t i, int32_t cpu_token, int32_t gpu_t
   options.mask = row.mask;
   options.prompt_tokens = request.inputs->prompt_token_ids;
   options.output_tokens = request.inputs->output_token_ids;
+  const SamplingParams& sent = request.inputs->params;
+  options.allowed_token_ids = sent.allowed_token_ids;
+  options.bad_words = sent.bad_words;
+  options.min_tokens = sent.min_tokens;
+  options.stop_token_ids = sent.stop_token_ids;
+  options.logit_bias = sent.logit_bias;
   const ReferenceRow ref = ReferenceProcess(raw, request.params, options);
   const double u = UniformDouble(request.seed, SequenceNumber(row.position, DrawCase::kFresh));
   double cumulative = 0.0, sum = 0.0;
@@ -164,6 +171,12 @@ std::vector<SamplingParams> ParamSets() {
   p = {}; p.temperature = 0.0f; sets.push_back(p);                    // "greedy"
   p = {}; p.repetition_penalty = 1.3f; p.presence_penalty = 0.5f; p.frequency_penalty = -0.3f;
   p.top_k = 20; sets.push_back(p);                                    // penalties
+  p = {}; p.temperature = 0.8f; p.top_k = 50; p.top_logprobs = 4;     // token adjustments
+  p.logit_bias = {{1, 2.0f}, {5, -1.0f}, {30, 100.0f}, {36, -100.0f}};
+  p.bad_words = {{3}, {7, 9}};
+  p.min_tokens = 5;
+  p.stop_token_ids = {0, 2};
+  sets.push_back(p);
   return sets;
 }
 
@@ -227,6 +240,98 @@ TEST(CudaBackend, PrefillMatchesCpuOverEveryFeature) {
   std::printf("prefill: %d requests, %d boundary-band tokens, %d logprobs compared\n", tally.requests,
               tally.token_mismatches, tally.compared_logprobs);
   // Each differing token was checked against SPEC 8's band in Compare.
+}
+
+// Random token adjustments as an OpenAI-style server sends them (64 bias entries, 4 bad words
+// of which some the history completes, min_tokens with stop ids, sometimes allowed ids, with
+// and without grammar masks and penalties) on PREFILL and DECODE steps: both backends agree.
+TEST(CudaBackend, RandomTokenAdjustmentsMatchCpu) {
+  auto gpu = Gpu();
+  ASSERT_NE(gpu, nullptr);
+  auto cpu = Cpu();
+  Tally tally;
+  std::mt19937_64 rng(77);
+  auto token = [&](int32_t vocab) { return static_cast<int32_t>(rng() % vocab); };
+  auto adjust = [&](SamplingParams& p, int32_t vocab, const std::vector<int32_t>& history) {
+    for (int i = 0; i < 64; ++i) {
+      const float bias = i % 16 == 0 ? 100.0f : static_cast<float>(static_cast<int>(rng() % 1001) - 500) / 100.0f;
+      p.logit_bias.emplace_back(token(vocab), bias);
+    }
+    std::sort(p.logit_bias.begin(), p.logit_bias.end());
+    p.logit_bias.erase(std::unique(p.logit_bias.begin(), p.logit_bias.end(),
+                                   [](const auto& a, const auto& b) { return a.first == b.first; }),
+                       p.logit_bias.end());
+    for (int w = 0; w < 4; ++w) {
+      const size_t length = 1 + rng() % 3;
+      std::vector<int32_t> word;
+      if (rng() % 2 == 0 && history.size() + 1 >= length) {  // completed by the history
+        word.assign(history.end() - static_cast<ptrdiff_t>(length - 1), history.end());
+      } else {
+        for (size_t k = 0; k + 1 < length; ++k) word.push_back(token(vocab));
+      }
+      word.push_back(token(vocab));
+      p.bad_words.push_back(word);
+    }
+    p.min_tokens = static_cast<int32_t>(rng() % 8);
+    p.stop_token_ids = {token(vocab), token(vocab)};
+    if (rng() % 4 == 0) {
+      for (int i = 0; i < 200; ++i) p.allowed_token_ids.push_back(token(vocab));
+    }
+  };
+  for (int32_t vocab : {1000, 129280}) {
+    for (uint64_t seed = 0; seed < 4; ++seed) {
+      const int rows = 16;
+      HostLogits logits(rows, vocab, 300 + seed, 2.5f);
+      std::vector<SamplingParams> sets = ParamSets();
+      std::vector<std::string> mask_storage;
+      mask_storage.reserve(rows);
+      Step step = PrefillStep(logits, vocab, rows, seed + 50, sets[seed % sets.size()], 0,
+                              /*masks=*/seed % 2 == 1, &mask_storage);
+      for (RequestInputs& r : step.requests) adjust(r.params, vocab, r.output_token_ids);
+      Compare(RunStep(*cpu, step), RunStep(*gpu, step), tally,
+              "prefill V=" + std::to_string(vocab) + " seed=" + std::to_string(seed), step);
+      if (HasFatalFailure()) return;
+
+      // DECODE, q = 4, dense drafts near the target, so drafts are accepted and complete words.
+      const int requests = 4, q = 4;
+      HostLogits q_rows(requests * (q - 1), vocab);
+      for (int r = 0; r < requests * (q - 1); ++r) {
+        const float uniform = -std::log(static_cast<float>(vocab));
+        std::fill(q_rows.Row(r), q_rows.Row(r) + vocab, uniform);
+      }
+      Step decode = MakeStep(StepKind::kDecode, logits, vocab);
+      for (int i = 0; i < requests; ++i) {
+        RequestInputs d;
+        d.request_id = "d" + std::to_string(i);
+        d.first_row = i * q;
+        d.num_rows = q;
+        d.sample_position = 31 + i;
+        d.params.seq_seed = seed * 100 + i;
+        d.params.top_k = 40;
+        d.params.top_logprobs = 3;
+        d.output_token_ids = {token(vocab), token(vocab)};
+        for (int j = 0; j + 1 < q; ++j) {
+          // The target row's argmax: accepted with high probability.
+          const float* row = logits.Row(i * q + j);
+          d.draft_token_ids.push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+        }
+        std::vector<int32_t> history = d.output_token_ids;
+        history.insert(history.end(), d.draft_token_ids.begin(), d.draft_token_ids.end());
+        adjust(d.params, vocab, history);
+        d.drafts.form = DraftDistributions::Form::kDense;
+        LogitsView v = q_rows.View();
+        v.data = q_rows.Row(i * (q - 1));
+        v.rows = q - 1;
+        d.drafts.values = v;
+        decode.requests.push_back(d);
+      }
+      Compare(RunStep(*cpu, decode), RunStep(*gpu, decode), tally,
+              "decode V=" + std::to_string(vocab) + " seed=" + std::to_string(seed), decode);
+      if (HasFatalFailure()) return;
+    }
+  }
+  std::printf("token adjustments: %d requests, %d boundary-band tokens, %d logprobs compared\n",
+              tally.requests, tally.token_mismatches, tally.compared_logprobs);
 }
 
 TEST(CudaBackend, VocabularyTooWideForTheFusedPathMatchesCpu) {

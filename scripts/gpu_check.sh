@@ -12,6 +12,7 @@ if [[ ${1:-} == run ]]; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   status=0
   .device-pack/bin/cuda_backend_test || status=$?
+  .device-pack/bin/cuda_token_adjustments_test || status=$?
   [[ ${2:-} == quick ]] || .device-pack/bin/nccl_group_test || status=$?
   # FlashInfer on gpu_bench's logits (where scripts/flashinfer_baseline.sh could build it), then
   # gpu_bench, which prints its figures beside FlashInfer's and the read floor.
@@ -25,12 +26,14 @@ if [[ ${1:-} == run ]]; then
   [[ ${2:-} == quick ]] || python3 bench/torch_baseline.py || status=$?
   exit $status
 fi
-bazel build -c opt //cuda:cuda_backend_test //cuda:nccl_group_test //bench:gpu_bench \
+bazel build -c opt //cuda:cuda_backend_test //cuda:cuda_token_adjustments_test \
+  //cuda:nccl_group_test //bench:gpu_bench \
   //server:samplerd //client:samplerctl //tests:fake_worker //tests:cuda_ipc_worker \
   //tests:multi_gpu_group_test //tests:group_follower //bench:group_bench
 grep -qx '/.device-pack/' .git/info/exclude 2>/dev/null || echo '/.device-pack/' >> .git/info/exclude
 rm -rf .device-pack
-../shared/tools/device-pack .device-pack bazel-bin/cuda/cuda_backend_test bazel-bin/bench/gpu_bench \
+../shared/tools/device-pack .device-pack bazel-bin/cuda/cuda_backend_test \
+  bazel-bin/cuda/cuda_token_adjustments_test bazel-bin/bench/gpu_bench \
   bazel-bin/server/samplerd bazel-bin/client/samplerctl bazel-bin/tests/fake_worker \
   bazel-bin/tests/cuda_ipc_worker bazel-bin/cuda/nccl_group_test \
   bazel-bin/tests/multi_gpu_group_test bazel-bin/tests/group_follower bazel-bin/bench/group_bench

@@ -12,22 +12,25 @@ source .device-pack/env.sh
 tools=${1:-memcheck racecheck}
 limit=${2:-120}
 cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+# binary:test pairs: every test of cuda_backend_test on its own, cuda_token_adjustments_test whole.
 tests=$(.device-pack/bin/cuda_backend_test --gtest_list_tests |
-        awk '/^[^ ]/ {suite=$1} /^  / {print suite $1}')
+        awk '/^[^ ]/ {suite=$1} /^  / {print "cuda_backend_test:" suite $1}')
+tests="$tests cuda_token_adjustments_test:*"
 clean=0; dirty=0; slow=0
 for tool in $tools; do
-  for t in $tests; do
+  for pair in $tests; do
+    bin=${pair%%:*}; t=${pair#*:}
     log=$(mktemp)
     timeout "$limit" "$cs" --tool "$tool" --error-exitcode 99 $([[ $tool == memcheck ]] && echo --leak-check=full) \
-      .device-pack/bin/cuda_backend_test --gtest_filter="$t" > "$log" 2>&1
+      ".device-pack/bin/$bin" --gtest_filter="$t" > "$log" 2>&1
     rc=$?
     summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)
     if [[ $rc -eq 124 ]]; then
-      echo "$tool $t: timed out after $limit s"; slow=$((slow + 1))
+      echo "$tool $bin $t: timed out after $limit s"; slow=$((slow + 1))
     elif [[ $rc -eq 0 ]]; then
-      echo "$tool $t: clean ($summary)"; clean=$((clean + 1))
+      echo "$tool $bin $t: clean ($summary)"; clean=$((clean + 1))
     else
-      echo "$tool $t: exit $rc ($summary)"; grep -E "=========" "$log" | head -20
+      echo "$tool $bin $t: exit $rc ($summary)"; grep -E "=========" "$log" | head -20
       dirty=$((dirty + 1))
     fi
     rm -f "$log"

@@ -2,7 +2,9 @@
 """Checks `samplerctl run-local` against an independent NumPy implementation of SPEC.md.
 
 Random PREFILL and DECODE steps (vocabularies of 5 to 3000 tokens, every parameter, grammar
-masks, penalties, force top-N, padding, golden tokens, prompt logprobs, dense drafts) go to the
+masks, token adjustments (allowed ids, bad words, min_tokens with stop ids, logit bias; a DECODE
+row's history includes the earlier rows' drafts), penalties, force top-N, padding, golden
+tokens, prompt logprobs, dense drafts) go to the
 real samplerctl binary as protobuf JSON; its JSON answers are compared with this file's own
 float64 computation: tokens equal (except where u lies within 1e-6 of an interval edge, or a
 top-p cut within 1e-6 of a cumulative sum), logprobs within 1e-5 (values >= -20), top
@@ -31,14 +33,38 @@ def uniform(seed, seq):
     return (z >> 11) * 2.0 ** -53
 
 
-def process(raw, vocab, params, force_top_n=0, mask=None, prompt=(), output=(), prompt_mode=False):
-    """SPEC 3 on one row. Returns (logprobs[V] float64 with -inf, kept order, top_p margin)."""
+def adjust(x, params, history):
+    """SPEC 3 step 2a-d on float32 x, from the request's JSON params and the row's history."""
+    allowed = params.get("allowedTokenIds")
+    if allowed:
+        keep = np.zeros(len(x), dtype=bool)
+        keep[allowed] = True
+        x[~keep] = -np.inf
+    for word in params.get("badWords", []):
+        ids = word["tokenIds"]
+        prefix = ids[:-1]
+        if len(history) >= len(prefix) and list(history[len(history) - len(prefix):]) == prefix:
+            x[ids[-1]] = -np.inf
+    if len(history) < params.get("minTokens", 0):
+        for t in params.get("stopTokenIds", []):
+            x[t] = -np.inf
+    for t, bias in params.get("logitBias", {}).items():
+        if x[int(t)] != -np.inf:
+            x[int(t)] = x[int(t)] + np.float32(bias)
+
+
+def process(raw, vocab, params, force_top_n=0, mask=None, prompt=(), output=(), prompt_mode=False,
+            adjustments=None, history=()):
+    """SPEC 3 on one row. Returns (logprobs[V] float64 with -inf, kept order, top_p margin);
+    `adjustments` are the request's JSON params, `history` the row's output history."""
     x = np.array(raw[:vocab], dtype=np.float32)
     if not prompt_mode:
         if mask is not None:
             words = np.frombuffer(mask, dtype="<u4")
             bits = np.array([(int(words[t // 32]) >> (t % 32)) & 1 for t in range(vocab)])
             x[bits == 0] = -np.inf
+        if adjustments is not None:
+            adjust(x, adjustments, list(history))
         r = np.float32(params["repetition_penalty"])
         for t in sorted(set(prompt) | set(output)):
             x[t] = x[t] / r if x[t] > 0 else x[t] * r
@@ -53,6 +79,8 @@ def process(raw, vocab, params, force_top_n=0, mask=None, prompt=(), output=(), 
             for t in order[force_top_n:]:
                 x[t] = -np.inf
     s = (x / np.float32(params["temperature"])).astype(np.float64)
+    if s.max() == NEG_INF:
+        return None, [], 1.0  # no token left: an error of the request
     m = s.max()
     e = np.exp(s - m)
     p = e / e.sum()
@@ -146,6 +174,7 @@ class Checker:
     def __init__(self):
         self.compared = 0
         self.skipped = 0
+        self.no_token = 0  # requests whose adjustments left no token (their error checked)
 
     def close(self, got, want, what):
         if want == NEG_INF:
@@ -184,6 +213,30 @@ def random_params(rng, vocab):
     return params
 
 
+def random_adjustments(rng, vocab, params, history):
+    """Adds random token adjustments to `params` (JSON); some bad words end the history."""
+    if rng.random() < 0.2:
+        n = int(rng.integers(1, vocab // 2 + 2))
+        params["allowedTokenIds"] = [int(t) for t in rng.integers(0, vocab, size=n)]
+    if rng.random() < 0.4:
+        words = []
+        for _ in range(int(rng.integers(1, 4))):
+            length = int(rng.integers(1, 4))
+            if history and rng.random() < 0.5:  # a word the history completes
+                tail = list(history[-(length - 1):]) if length > 1 else []
+                words.append(tail + [int(rng.integers(0, vocab))])
+            else:
+                words.append([int(t) for t in rng.integers(0, vocab, size=length)])
+        params["badWords"] = [{"tokenIds": w} for w in words]
+    if rng.random() < 0.3:
+        params["minTokens"] = int(rng.integers(0, 8))
+        params["stopTokenIds"] = [int(t) for t in rng.integers(0, vocab, size=int(rng.integers(1, 4)))]
+    if rng.random() < 0.5:
+        n = int(rng.integers(1, 9))
+        params["logitBias"] = {str(int(t)): float(np.float32(rng.choice([-100.0, -3.5, -0.25, 0.5, 2.0, 7.0, 100.0])))
+                               for t in rng.integers(0, vocab, size=n)}
+
+
 def check_prefill(binary, rng, checker):
     vocab = int(rng.choice([5, 37, 300, 3000]))
     cols = vocab + int(rng.integers(0, 3))
@@ -203,8 +256,9 @@ def check_prefill(binary, rng, checker):
                "samplePosition": str(int(rng.integers(1, 1000))),
                "params": random_params(rng, vocab)}
         prompt = [int(t) for t in rng.integers(0, vocab, size=3)]
-        output = [int(t) for t in rng.integers(0, vocab, size=4)]
+        output = [int(t) for t in rng.integers(0, vocab, size=int(rng.integers(0, 6)))]
         req["promptTokenIds"], req["outputTokenIds"] = prompt, output
+        random_adjustments(rng, vocab, req["params"], output)
         mask = None
         if rng.random() < 0.4:
             allowed = rng.random(vocab) < 0.5
@@ -232,7 +286,12 @@ def check_prefill(binary, rng, checker):
         what = f"prefill V={vocab} {req['requestId']} {req['params']}"
         params = normalised(req["params"])
         lp, order, margin = process(logits[req["row"]], vocab, params, force_top_n, mask, prompt,
-                                    output)
+                                    output, adjustments=req["params"], history=output)
+        if not order:
+            assert res["status"]["code"] == 3 and "no token left" in res["status"]["message"], \
+                f"{what}: {res}"
+            checker.no_token += 1
+            continue
         assert "status" not in res, f"{what}: {res.get('status')}"
         assert res["seqSeed"] == req["params"]["seqSeed"]
         if margin < 1e-6:
@@ -270,9 +329,11 @@ def check_decode(binary, rng, checker):
         drafts = rng.normal(0, 1.5, size=(max(q - 1, 1), vocab))
         drafts = drafts - np.log(np.exp(drafts).sum(axis=1, keepdims=True))
         draft_ids = [int(rng.choice(vocab, p=np.exp(drafts[j]))) for j in range(q - 1)]
+        output = [int(t) for t in rng.integers(0, vocab, size=int(rng.integers(0, 5)))]
+        random_adjustments(rng, vocab, params, output + draft_ids)
         req = {"requestId": f"d{i}", "firstRow": first, "numRows": q,
                "samplePosition": str(int(rng.integers(1, 10**6))), "params": params,
-               "draftTokenIds": draft_ids}
+               "draftTokenIds": draft_ids, "outputTokenIds": output}
         if q > 1:
             req["draftLogprobs"] = {"rows": q - 1, "cols": vocab,
                                     "values": {"values": drafts[:q - 1].astype(np.float32).ravel().tolist()}}
@@ -287,13 +348,22 @@ def check_decode(binary, rng, checker):
     out = json.loads(proc.stdout)
     for res, (req, drafts) in zip(out["results"], requests):
         what = f"decode V={vocab} {req['requestId']} {req['params']}"
-        assert "status" not in res, f"{what}: {res.get('status')}"
         params = normalised(req["params"])
         seed = int(req["params"]["seqSeed"])
         q = req["numRows"]
+        # Row j's history: the output, then the drafts of rows 0..j-1.
+        rows = [process(logits[req["firstRow"] + j], vocab, params, adjustments=req["params"],
+                        history=req["outputTokenIds"] + req["draftTokenIds"][:j])
+                for j in range(q)]
+        if any(not order for _, order, _ in rows):  # any row the request reads: its error
+            assert res["status"]["code"] == 3 and "no token left" in res["status"]["message"], \
+                f"{what}: {res}"
+            checker.no_token += 1
+            continue
+        assert "status" not in res, f"{what}: {res.get('status')}"
         want_tokens, accepted, exact = [], 0, True
         for j in range(q):
-            lp, order, margin = process(logits[req["firstRow"] + j], vocab, params)
+            lp, order, margin = rows[j]
             exact &= margin >= 1e-6
             pos = int(req["samplePosition"]) + j * 10000019
             if j == q - 1:
@@ -326,7 +396,7 @@ def check_decode(binary, rng, checker):
         assert res["tokenIds"] == want_tokens, f"{what}: {res['tokenIds']} vs {want_tokens}"
         assert res.get("numAccepted", 0) == accepted, what
         for k, tok in enumerate(want_tokens):
-            lp, order, _ = process(logits[req["firstRow"] + k], vocab, params)
+            lp, order, _ = rows[k]
             checker.outputs(res, k, lp, order, tok, req["params"]["topLogprobs"], False, what)
         checker.compared += 1
 
@@ -367,7 +437,8 @@ def main():
         check_decode(binary, rng, checker)
     check_errors(binary)
     print(f"compared {checker.compared} requests against the NumPy reference, "
-          f"skipped {checker.skipped} within 1e-6 of an edge")
+          f"skipped {checker.skipped} within 1e-6 of an edge, {checker.no_token} with no token "
+          f"left (their error checked)")
     assert checker.compared >= 0.8 * (checker.compared + checker.skipped)
 
 

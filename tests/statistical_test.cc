@@ -71,6 +71,15 @@ std::vector<PrefillCase> PrefillCases() {
   c.params.temperature = 1.5f;
   c.params.top_p = 0.95f;
   cases.push_back(c);
+  // Token adjustments: a biased distribution (one token pushed up, one down), a bad word and a
+  // stop id before min_tokens removed (the penalty history {1, 1, 4} is the output history).
+  c = {"logit_bias_bad_words", {}};
+  c.penalties = true;
+  c.params.logit_bias = {{2, 1.5f}, {6, -0.75f}, {0, 0.4f}};
+  c.params.bad_words = {{1, 4, 3}, {5, 7}};  // 3: the history ends with 1, 4. 7: no.
+  c.params.min_tokens = 5;
+  c.params.stop_token_ids = {5};
+  cases.push_back(c);
   return cases;
 }
 
@@ -121,6 +130,11 @@ ReferenceRow ReferenceFor(const HostLogits& row, int32_t vocab, const PrefillCas
     options.prompt_tokens = {0, 3};
     options.output_tokens = {1, 1, 4};
   }
+  options.bad_words = c.params.bad_words;
+  options.min_tokens = c.params.min_tokens;
+  options.stop_token_ids = c.params.stop_token_ids;
+  options.logit_bias = c.params.logit_bias;
+  options.allowed_token_ids = c.params.allowed_token_ids;
   return ReferenceProcess(row.values, *params, options);
 }
 
