@@ -10,7 +10,9 @@
 
 #include <atomic>
 #include <cstring>
+#include <cmath>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "client/sampler_client.h"
@@ -224,6 +226,61 @@ TEST_F(ServerE2E, PerRequestFaultsLeaveOtherResultsIntact) {
     ASSERT_TRUE(single.ok());
     EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(single->results(0),
                                                                    got->results(i)));
+  }
+}
+
+// SPEC 3 step 2's token adjustments through gRPC: each one's effect on the processed
+// distribution (the whole of it, as top logprobs), a fault naming its field, and the same
+// answers as the in-process backend.
+TEST_F(ServerE2E, TokenAdjustmentsThroughGrpc) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  auto info = client_->GetServerInfo();
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->limits().max_token_list(), 16384);
+  EXPECT_THAT(info->features(), ::testing::Contains("token_adjustments"));
+
+  v1::SampleRequest step = SmallStep(11, 4);
+  auto* requests = step.mutable_inputs()->mutable_requests();
+  for (v1::RequestInputs& r : *requests) r.mutable_params()->set_top_logprobs(64);
+  v1::SamplingParams* allowed = requests->Mutable(0)->mutable_params();
+  for (int t : {3, 9, 40}) allowed->add_allowed_token_ids(t);
+  (*requests->Mutable(1)->mutable_params()->mutable_logit_bias())[5] = 100.0f;
+  v1::RequestInputs* banned = requests->Mutable(2);
+  banned->add_output_token_ids(1);
+  banned->mutable_params()->add_bad_words()->add_token_ids(7);
+  v1::TokenSequence* pair = banned->mutable_params()->add_bad_words();
+  pair->add_token_ids(1);
+  pair->add_token_ids(12);  // the history ends with 1: 12 is banned too
+  banned->mutable_params()->set_min_tokens(3);
+  banned->mutable_params()->add_stop_token_ids(8);
+  (*requests->Mutable(3)->mutable_params()->mutable_logit_bias())[6] = 150.0f;
+
+  auto got = client_->Sample(step);
+  ASSERT_TRUE(got.ok()) << got.status();
+  auto finite_tokens = [](const v1::RequestResult& r) {
+    std::set<int> out;
+    const v1::TopLogprobs& top = r.top_logprobs(0);
+    for (int i = 0; i < top.token_ids_size(); ++i) {
+      if (top.token_ids(i) >= 0 && std::isfinite(top.logprobs(i))) out.insert(top.token_ids(i));
+    }
+    return out;
+  };
+  ASSERT_FALSE(got->results(0).has_status()) << got->results(0).status().message();
+  EXPECT_EQ(finite_tokens(got->results(0)), (std::set<int>{3, 9, 40}));
+  EXPECT_EQ(got->results(1).token_ids(0), 5);
+  const std::set<int> left = finite_tokens(got->results(2));
+  EXPECT_EQ(left.size(), 61u);  // 64 less 7, 12 and 8
+  for (int t : {7, 8, 12}) EXPECT_EQ(left.count(t), 0u) << t;
+  EXPECT_EQ(got->results(3).status().code(), 3);
+  EXPECT_THAT(got->results(3).status().message(), HasSubstr("requests[3].params.logit_bias[6]"));
+
+  auto backend = CpuBackend::Create({});
+  ASSERT_TRUE(backend.ok());
+  auto want = RunInProcess(**backend, step);
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(want->results(i), got->results(i)))
+        << i;
   }
 }
 

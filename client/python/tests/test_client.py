@@ -145,6 +145,41 @@ def test_errors_carry_the_code_and_field(client):
         assert stream.step(logits(3), prefill()).raise_for_errors()[0].ok
 
 
+def test_token_adjustments(client):
+    """SPEC 3 step 2 through the client's SamplingParams: each adjustment's effect on the whole
+    processed distribution (top_logprobs = 64 on a 64-token vocabulary) against numpy."""
+    assert client.server_info().limits.max_token_list > 0
+    x = logits(4, rows=4, vocab=64)
+    reqs = [
+        Prefill("bias", row=0, params=SamplingParams(seed=1, top_logprobs=64,
+                                                       logit_bias={3: 2.5, 10: -1.0})),
+        Prefill("allowed", row=1, params=SamplingParams(seed=2, top_logprobs=64,
+                                                          allowed_token_ids=[4, 8, 15])),
+        Prefill("bad", row=2, output_token_ids=[6, 9],
+                params=SamplingParams(seed=3, top_logprobs=64, bad_words=[[9, 1], [6, 9, 2], [5]],
+                                      min_tokens=3, stop_token_ids=[0])),
+        Prefill("fault", row=3, params=SamplingParams(seed=4, bad_words=[[]])),
+    ]
+    step = client.sample(x, reqs)
+    y = x.copy()
+    y[0, 3] += np.float32(2.5)
+    y[0, 10] -= np.float32(1.0)
+    keep = np.full(64, -np.inf, dtype=np.float32)
+    keep[[4, 8, 15]] = 0
+    y[1] += keep
+    y[2, [1, 2, 5, 0]] = -np.inf  # 1: the history ends with 9; 2: with 6, 9; 0: 2 < min_tokens
+    want = log_softmax(y)
+    for i, name in enumerate(["bias", "allowed", "bad"]):
+        r = step[name]
+        ids, lps = r.top_token_ids[0], r.top_logprobs[0]
+        got = {int(t): float(lp) for t, lp in zip(ids, lps) if t >= 0 and np.isfinite(lp)}
+        assert set(got) == set(np.flatnonzero(np.isfinite(want[i]))), name
+        for t, lp in got.items():
+            assert abs(lp - want[i][t]) <= 1e-5, (name, t)
+    assert step["fault"].code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "params.bad_words[0].token_ids" in step["fault"].message
+
+
 def test_decode_accept_counts(client):
     # Drafts equal to each row's argmax under greedy verification: all accepted, plus one.
     rows = 4
