@@ -2,10 +2,14 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "google/protobuf/descriptor.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/wire_format_lite.h"
 
 namespace samplerd {
 namespace {
@@ -28,7 +32,11 @@ void CollectSites(Message* message, int depth, std::vector<Site>* sites) {
   for (int i = 0; i < descriptor->field_count(); ++i) {
     const FieldDescriptor* field = descriptor->field(i);
     sites->push_back({message, field});
-    if (field->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE || depth >= kMaxDepth) continue;
+    // Map entries are never reached through reflection's repeated view (see MutateMap).
+    if (field->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE || field->is_map() ||
+        depth >= kMaxDepth) {
+      continue;
+    }
     if (field->is_repeated()) {
       for (int k = 0; k < reflection->FieldSize(*message, field); ++k) {
         CollectSites(reflection->MutableRepeatedMessage(message, field, k), depth + 1, sites);
@@ -143,10 +151,41 @@ void SetScalar(Message* m, const FieldDescriptor* f, std::mt19937_64& rng, int i
   }
 }
 
+// A map field changes only by parsing: one entry (a random key and value set on a standalone
+// entry message) appended as wire bytes, which may repeat a key (valid on the wire: the last
+// wins), or the field cleared. Reflection's repeated view of a map and the map itself sync
+// lazily, and adding entries through that view crashed protobuf 3.21 inside its map sync.
+void MutateMap(Message* m, const FieldDescriptor* f, std::mt19937_64& rng) {
+  const Reflection* r = m->GetReflection();
+  if (rng() % 8 == 0) {
+    r->ClearField(m, f);
+    return;
+  }
+  std::unique_ptr<Message> entry(
+      r->GetMessageFactory()->GetPrototype(f->message_type())->New());
+  SetScalar(entry.get(), f->message_type()->map_key(), rng, -1);
+  SetScalar(entry.get(), f->message_type()->map_value(), rng, -1);  // no-op for message values
+  const std::string bytes = entry->SerializeAsString();
+  std::string wire;
+  {
+    google::protobuf::io::StringOutputStream stream(&wire);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.WriteTag(google::protobuf::internal::WireFormatLite::MakeTag(
+        f->number(), google::protobuf::internal::WireFormatLite::WIRETYPE_LENGTH_DELIMITED));
+    coded.WriteVarint32(static_cast<uint32_t>(bytes.size()));
+    coded.WriteString(bytes);
+  }
+  m->MergeFromString(wire);
+}
+
 void MutateSite(const Site& site, std::mt19937_64& rng) {
   Message* m = site.message;
   const FieldDescriptor* f = site.field;
   const Reflection* r = m->GetReflection();
+  if (f->is_map()) {
+    MutateMap(m, f, rng);
+    return;
+  }
   if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
     if (f->is_repeated()) {
       const int size = r->FieldSize(*m, f);
