@@ -33,6 +33,9 @@ struct LoadReport {
   double seconds = 0;       // wall time of the measured steps
   double p50_us = 0, p99_us = 0, max_us = 0;
   double server_compute_p50_us = 0;  // the server's own compute_us
+  // The floor, measured in the same run on the same channel before the load: an empty unary
+  // round trip (grpc.health.v1 Health/Check), as many calls as one stream's steps.
+  double floor_p50_us = 0, floor_p99_us = 0;
 };
 
 // Errors: the first failed call's status.
