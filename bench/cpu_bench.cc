@@ -175,10 +175,7 @@ void BenchDecode() {
         r.drafts.token_ids = topn_ids[i];
       } else {
         r.drafts.form = DraftDistributions::Form::kDense;
-        LogitsView v = dense.View();
-        v.data = dense.Row(i * drafts);
-        v.rows = drafts;
-        r.drafts.values = v;
+        r.drafts.values = dense.RowsView(i * drafts, drafts);
       }
       step.requests.push_back(r);
     }

@@ -70,6 +70,7 @@ struct Config {
   int rows;
   DType dtype;
   bool adjust = false;  // each request carries AddBenchAdjustments' token adjustments
+  std::string plain;    // with `adjust`: the configuration of the same step without them
 };
 
 double MedianKernelUs(CudaBackend& gpu, const Step& step) {
@@ -149,14 +150,16 @@ int Main(int argc, char** argv) {
       {"decode R=384 bf16", StepKind::kDecode, 384, DType::kBFloat16},
       {"prompt R=8192 bf16", StepKind::kPrefill, 8192, DType::kBFloat16},
       // The cost of token adjustments: the same steps as "prefill R=16" and "decode R=384".
-      {"prefill R=16 +adjust", StepKind::kPrefill, 16, DType::kFloat32, true},
-      {"decode R=384 +adjust", StepKind::kDecode, 384, DType::kFloat32, true},
+      {"prefill R=16 +adjust", StepKind::kPrefill, 16, DType::kFloat32, true, "prefill R=16"},
+      {"decode R=384 +adjust", StepKind::kDecode, 384, DType::kFloat32, true,
+       "decode R=384 (64x6)"},
   };
   struct Row {
     std::string name;
     double us, floor_us;
     std::string dtype;
     int rows;
+    std::string plain;  // Config::plain
   };
   std::vector<Row> rows_out;
   std::printf("%-22s %12s %12s %14s %14s %10s\n", "config", "kernel us", "GB/s read", "% of copy BW",
@@ -198,10 +201,7 @@ int Main(int argc, char** argv) {
         if (c.adjust) AddBenchAdjustments(r.params, r.output_token_ids, i);
         for (int j = 0; j < q - 1; ++j) r.draft_token_ids.push_back((i * 7919 + j * 104729) % kVocab);
         r.drafts.form = DraftDistributions::Form::kDense;
-        LogitsView v = drafts.View();
-        v.data = drafts.Row(i * (q - 1));
-        v.rows = q - 1;
-        r.drafts.values = v;
+        r.drafts.values = drafts.RowsView(i * (q - 1), q - 1);
         step.requests.push_back(r);
       }
     } else if (c.rows == 8192) {
@@ -234,24 +234,16 @@ int Main(int argc, char** argv) {
                 c.name.c_str(), us, gbs, 100.0 * gbs * 1e9 / bandwidth, fused_us, fused_us / us,
                 stages.c_str());
     rows_out.push_back({c.name, us, bytes / bandwidth * 1e6,
-                        c.dtype == DType::kFloat32 ? "fp32" : "bf16", c.rows});
+                        c.dtype == DType::kFloat32 ? "fp32" : "bf16", c.rows, c.plain});
     cudaFree(device);
   }
   // Token adjustments against the same step without them, in this run.
   for (const Row& r : rows_out) {
-    const std::string suffix = " +adjust";
-    if (r.name.size() <= suffix.size() ||
-        r.name.compare(r.name.size() - suffix.size(), suffix.size(), suffix) != 0) {
-      continue;
-    }
-    const std::string plain = r.name.substr(0, r.name.size() - suffix.size());
+    if (r.plain.empty()) continue;
     for (const Row& b : rows_out) {
-      if (b.name.rfind(plain, 0) == 0 && b.name.find("bf16") == std::string::npos &&
-          b.name.find(suffix) == std::string::npos) {
-        std::printf("token adjustments: %-22s %8.1f us vs %-22s %8.1f us: %+.1f%%\n",
-                    r.name.c_str(), r.us, b.name.c_str(), b.us, 100.0 * (r.us / b.us - 1.0));
-        break;
-      }
+      if (b.name != r.plain) continue;
+      std::printf("token adjustments: %-22s %8.1f us vs %-22s %8.1f us: %+.1f%%\n",
+                  r.name.c_str(), r.us, b.name.c_str(), b.us, 100.0 * (r.us / b.us - 1.0));
     }
   }
   // Side by side: the read floor (the logits' bytes at the copy bandwidth measured above) and

@@ -83,12 +83,7 @@ bool InBoundaryBand(const Step& step, size_t i, int32_t cpu_token, int32_t gpu_t
   options.mask = row.mask;
   options.prompt_tokens = request.inputs->prompt_token_ids;
   options.output_tokens = request.inputs->output_token_ids;
-  const SamplingParams& sent = request.inputs->params;
-  options.allowed_token_ids = sent.allowed_token_ids;
-  options.bad_words = sent.bad_words;
-  options.min_tokens = sent.min_tokens;
-  options.stop_token_ids = sent.stop_token_ids;
-  options.logit_bias = sent.logit_bias;
+  options.sent = &request.inputs->params;
   const ReferenceRow ref = ReferenceProcess(raw, request.params, options);
   const double u = UniformDouble(request.seed, SequenceNumber(row.position, DrawCase::kFresh));
   double cumulative = 0.0, sum = 0.0;
@@ -319,10 +314,7 @@ TEST(CudaBackend, RandomTokenAdjustmentsMatchCpu) {
         history.insert(history.end(), d.draft_token_ids.begin(), d.draft_token_ids.end());
         adjust(d.params, vocab, history);
         d.drafts.form = DraftDistributions::Form::kDense;
-        LogitsView v = q_rows.View();
-        v.data = q_rows.Row(i * (q - 1));
-        v.rows = q - 1;
-        d.drafts.values = v;
+        d.drafts.values = q_rows.RowsView(i * (q - 1), q - 1);
         decode.requests.push_back(d);
       }
       Compare(RunStep(*cpu, decode), RunStep(*gpu, decode), tally,

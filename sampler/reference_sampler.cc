@@ -32,28 +32,31 @@ ReferenceRow ReferenceProcess(const std::vector<float>& raw, const NormalizedPar
       }
     }
     // Token adjustments (SPEC 3 step 2a-d), in float32 as the contract's arithmetic.
-    if (!options.allowed_token_ids.empty()) {
-      const std::set<int32_t> allowed(options.allowed_token_ids.begin(),
-                                      options.allowed_token_ids.end());
-      for (int32_t t = 0; t < V; ++t) {
-        if (allowed.count(t) == 0) x[t] = -kInf;
+    if (options.sent != nullptr) {
+      const SamplingParams& sent = *options.sent;
+      if (!sent.allowed_token_ids.empty()) {
+        const std::set<int32_t> allowed(sent.allowed_token_ids.begin(),
+                                        sent.allowed_token_ids.end());
+        for (int32_t t = 0; t < V; ++t) {
+          if (allowed.count(t) == 0) x[t] = -kInf;
+        }
       }
-    }
-    const std::vector<int32_t>& history = options.output_tokens;
-    for (const std::vector<int32_t>& word : options.bad_words) {
-      const size_t n = word.size() - 1;  // the prefix the history must end with
-      bool ends = history.size() >= n;
-      for (size_t i = 0; ends && i < n; ++i) ends = history[history.size() - n + i] == word[i];
-      if (ends) x[word.back()] = -kInf;
-    }
-    if (static_cast<int64_t>(history.size()) < options.min_tokens) {
-      for (int32_t t : options.stop_token_ids) x[t] = -kInf;
-    }
-    for (const auto& [t, bias] : options.logit_bias) {
-      if (x[t] == -kInf) continue;
-      const float v = static_cast<float>(x[t]) + bias;
-      if (std::isinf(v)) return out;  // left the float32 range
-      x[t] = v;
+      const std::vector<int32_t>& history = options.output_tokens;
+      for (const std::vector<int32_t>& word : sent.bad_words) {
+        const size_t n = word.size() - 1;  // the prefix the history must end with
+        bool ends = history.size() >= n;
+        for (size_t i = 0; ends && i < n; ++i) ends = history[history.size() - n + i] == word[i];
+        if (ends) x[word.back()] = -kInf;
+      }
+      if (static_cast<int64_t>(history.size()) < sent.min_tokens) {
+        for (int32_t t : sent.stop_token_ids) x[t] = -kInf;
+      }
+      for (const auto& [t, bias] : sent.logit_bias) {
+        if (x[t] == -kInf) continue;
+        const float v = static_cast<float>(x[t]) + bias;
+        if (std::isinf(v)) return out;  // left the float32 range
+        x[t] = v;
+      }
     }
     // Penalties, in float32 as the contract's arithmetic on raw logits.
     std::set<int32_t> seen(options.prompt_tokens.begin(), options.prompt_tokens.end());

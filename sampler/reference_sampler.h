@@ -8,7 +8,6 @@
 #define SAMPLERD_SAMPLER_REFERENCE_SAMPLER_H_
 
 #include <cstdint>
-#include <utility>
 #include <vector>
 
 #include "sampler/validate.h"
@@ -21,12 +20,9 @@ struct ReferenceOptions {
   const unsigned char* mask = nullptr;
   std::vector<int32_t> prompt_tokens;
   std::vector<int32_t> output_tokens;  // including a DECODE row's earlier drafts
-  // SPEC 3 step 2's token adjustments, as sent (output_tokens is their history too).
-  std::vector<int32_t> allowed_token_ids;
-  std::vector<std::vector<int32_t>> bad_words;
-  int32_t min_tokens = 0;
-  std::vector<int32_t> stop_token_ids;
-  std::vector<std::pair<int32_t, float>> logit_bias;
+  // The request's parameters as sent, for SPEC 3 step 2's token adjustments (null: none);
+  // output_tokens is their history too.
+  const SamplingParams* sent = nullptr;
   bool prompt_mode = false;
 };
 

@@ -30,6 +30,13 @@ struct HostLogits {
     return std::vector<float>(values.begin() + static_cast<size_t>(r) * cols,
                               values.begin() + static_cast<size_t>(r + 1) * cols);
   }
+  // Rows [first, first + count) as a view of their own.
+  LogitsView RowsView(int32_t first, int32_t count) const {
+    LogitsView view = View();
+    view.data = values.data() + static_cast<size_t>(first) * cols;
+    view.rows = count;
+    return view;
+  }
   LogitsView View() const {
     LogitsView view;
     view.data = values.data();

@@ -398,6 +398,8 @@ absl::Status PlanRequest(const Step& step, size_t index, const Limits& limits,
 }  // namespace
 
 std::vector<TokenUpdate> RequestPlan::RowUpdates(StepKind kind, int32_t index) const {
+  // Most requests have neither: no history to gather on the step's path.
+  if (adjustments.empty() && !params.HasPenalties()) return {};
   const std::vector<int32_t> drafts = DraftsBefore(*inputs, kind, index);
   return RowTokenUpdates(adjustments, params.Penalties(), inputs->prompt_token_ids,
                          inputs->output_token_ids, drafts);

@@ -130,11 +130,7 @@ ReferenceRow ReferenceFor(const HostLogits& row, int32_t vocab, const PrefillCas
     options.prompt_tokens = {0, 3};
     options.output_tokens = {1, 1, 4};
   }
-  options.bad_words = c.params.bad_words;
-  options.min_tokens = c.params.min_tokens;
-  options.stop_token_ids = c.params.stop_token_ids;
-  options.logit_bias = c.params.logit_bias;
-  options.allowed_token_ids = c.params.allowed_token_ids;
+  options.sent = &c.params;
   return ReferenceProcess(row.values, *params, options);
 }
 
