@@ -93,7 +93,8 @@ struct HostJob {
 // processed logprobs straight into its range and the DECODE step that verifies it reads them
 // there: no copy either way. A row's range is freed by its shared_ptr's deleter, in whichever
 // thread drops the last reference (the DECODE step, Release, a row replaced in the pool);
-// kernels never read a freed range, since steps run one at a time and end with their stream.
+// kernels never read a freed range: the step that writes a row (DRAFT) or reads it (DECODE)
+// holds its reference until its own stream has finished, whatever runs on the other lanes.
 class DeviceDraftStore : public std::enable_shared_from_this<DeviceDraftStore> {
  public:
   // 32 floats: every row starts 128-byte aligned.
@@ -150,34 +151,89 @@ bool CudaDeviceUsable(int device, std::string* why) {
   return true;
 }
 
+namespace {
+
+// Rounds `bytes` up to a 256-byte boundary: every array of a lane's input block starts aligned.
+size_t Align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// One step in flight: its own stream, events and per-step buffers. Steps on different lanes
+// overlap (one step's host work and copies with another's kernels); a lane runs one step at a
+// time. Buffers grow to the largest step the lane has run and are then reused: a step of a
+// size seen before allocates nothing.
+struct Lane {
+  ~Lane() {
+    if (start != nullptr) cudaEventDestroy(start);
+    if (stop != nullptr) cudaEventDestroy(stop);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+  absl::Status Init() {
+    SAMPLERD_CUDA_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    SAMPLERD_CUDA_RETURN(cudaEventCreate(&start));
+    SAMPLERD_CUDA_RETURN(cudaEventCreate(&stop));
+    return absl::OkStatus();
+  }
+
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  // logits: host logits copied to the device. inputs_d: everything else a launch reads or
+  // zero-fills, as one block (jobs, job lists, token updates, masks, q rows, results, row
+  // maxima) staged in `staging` with the same layout and sent with one copy.
+  DeviceBuffer logits, inputs_d, workspace, split_d;
+  // The split path's per-row arrival counters: zeroed when allocated, and every launch leaves
+  // them zero (cuda::StepParams::split_arrivals), so no per-step memset.
+  DeviceBuffer split_arrivals_d;
+  int split_arrival_slots = 0;
+  PinnedBuffer staging;
+  std::vector<cuda::RowUpdate> updates;  // the launch's token updates, reused step to step
+  DeviceBuffer stage_d;                  // benchmarks: the instrumented kernels' stamps
+};
+
+}  // namespace
+
 struct CudaBackend::Impl {
   explicit Impl(const CudaBackendOptions& options)
       : options(options),
         draft_store(std::make_shared<DeviceDraftStore>(options.draft_pool.capacity_bytes /
                                                       static_cast<int64_t>(sizeof(float)))),
         pool(options.draft_pool) {}
-  ~Impl() {
-    if (start != nullptr) cudaEventDestroy(start);
-    if (stop != nullptr) cudaEventDestroy(stop);
-    if (stream != nullptr) cudaStreamDestroy(stream);
-  }
 
   absl::Status Init() {
     SAMPLERD_CUDA_RETURN(cudaSetDevice(options.device));
-    SAMPLERD_CUDA_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    SAMPLERD_CUDA_RETURN(cudaEventCreate(&start));
-    SAMPLERD_CUDA_RETURN(cudaEventCreate(&stop));
     cudaDeviceProp prop;
     SAMPLERD_CUDA_RETURN(cudaGetDeviceProperties(&prop, options.device));
     device_name = absl::StrCat(prop.name, " (sm_", prop.major, prop.minor, ", device ",
                                options.device, ")");
+    const int count = std::max(1, options.streams);
+    for (int i = 0; i < count; ++i) {
+      auto lane = std::make_unique<Lane>();
+      RETURN_IF_ERROR(lane->Init());
+      free_lanes.push_back(lane.get());
+      lanes.push_back(std::move(lane));
+    }
     return absl::OkStatus();
   }
 
-  absl::Status RunJobs(const Step& step, const LogitsView& device_logits,
+  // Blocks until a lane is free. Callers beyond the lanes wait here (the service admits at
+  // most max_concurrent_steps(), so in the server they never do).
+  Lane* AcquireLane() {
+    absl::MutexLock lock(&lanes_mu);
+    lanes_mu.Await(absl::Condition(
+        +[](std::vector<Lane*>* free) { return !free->empty(); }, &free_lanes));
+    Lane* lane = free_lanes.back();
+    free_lanes.pop_back();
+    return lane;
+  }
+  void ReleaseLane(Lane* lane) {
+    absl::MutexLock lock(&lanes_mu);
+    free_lanes.push_back(lane);
+  }
+
+  // Runs jobs [begin, end) on `lane`; appends their results and adds the launches' device
+  // time to *kernel_us.
+  absl::Status RunJobs(Lane& lane, const Step& step, const LogitsView& device_logits,
                        std::vector<HostJob>& jobs, size_t begin, size_t end,
                        std::vector<cuda::RowResult>& results,
-                       const std::vector<std::vector<float>>& q_rows_host);
+                       const std::vector<std::vector<float>>& q_rows_host, float* kernel_us);
 
   const CudaBackendOptions options;
   // Declared before the pool: the pool's rows free themselves into the store (which their
@@ -185,32 +241,29 @@ struct CudaBackend::Impl {
   std::shared_ptr<DeviceDraftStore> draft_store;
   DraftPool pool;
   std::string device_name;
-  cudaStream_t stream = nullptr;
-  cudaEvent_t start = nullptr, stop = nullptr;
-
-  absl::Mutex mu;  // one step at a time: buffers below are per step
-  DeviceBuffer logits, jobs_d, lists_d, updates_d, masks_d, q_d, workspace, split_d, results_d;
-  // The split path's per-row arrival counters: zeroed when allocated, and every launch leaves
-  // them zero (cuda::StepParams::split_arrivals), so no per-step memset.
-  DeviceBuffer split_arrivals_d;
-  int split_arrival_slots = 0;
-  PinnedBuffer staging, results_h;
-  float kernel_us = 0.0f;
-  bool stage_timing = false;
-  int debug_flags = 0;
-  DeviceBuffer stage_d;
-  std::vector<double> stage_us;
+  std::vector<std::unique_ptr<Lane>> lanes;
+  absl::Mutex lanes_mu;
+  std::vector<Lane*> free_lanes ABSL_GUARDED_BY(lanes_mu);
+  std::atomic<float> last_kernel_us{0.0f};
+  // Benchmarks only (set between steps, read by the step's thread).
+  std::atomic<bool> stage_timing{false};
+  std::atomic<int> debug_flags{0};
+  absl::Mutex stage_mu;
+  std::vector<double> stage_us ABSL_GUARDED_BY(stage_mu);
 };
 
-absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& device_logits,
+absl::Status CudaBackend::Impl::RunJobs(Lane& lane, const Step& step,
+                                        const LogitsView& device_logits,
                                         std::vector<HostJob>& jobs, size_t begin, size_t end,
                                         std::vector<cuda::RowResult>& results,
-                                        const std::vector<std::vector<float>>& q_rows_host) {
+                                        const std::vector<std::vector<float>>& q_rows_host,
+                                        float* kernel_us) {
   const int32_t V = step.vocab_size;
   const int n = static_cast<int>(end - begin);
   const size_t mask_bytes = 4 * ((static_cast<size_t>(V) + 31) / 32);
   int masks = 0, verifies = 0;  // verifies: q rows uploaded from the host
-  std::vector<cuda::RowUpdate> updates;  // every job's token updates, job after job
+  std::vector<cuda::RowUpdate>& updates = lane.updates;  // every job's updates, job after job
+  updates.clear();
   for (size_t i = begin; i < end; ++i) {
     HostJob& h = jobs[i];
     masks += h.mask != nullptr;
@@ -219,28 +272,31 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
     updates.insert(updates.end(), h.updates.begin(), h.updates.end());
     h.job.update_end = static_cast<int32_t>(updates.size());
   }
-  RETURN_IF_ERROR(jobs_d.Reserve(n * sizeof(cuda::RowJob)));
-  RETURN_IF_ERROR(updates_d.Reserve(updates.size() * sizeof(cuda::RowUpdate)));
-  RETURN_IF_ERROR(masks_d.Reserve(masks * mask_bytes));
-  RETURN_IF_ERROR(q_d.Reserve(static_cast<size_t>(verifies) * V * sizeof(float)));
-  RETURN_IF_ERROR(workspace.Reserve(cuda::StepParams::WorkspaceBytes(n, V)));
-  RETURN_IF_ERROR(results_d.Reserve(n * sizeof(cuda::RowResult)));
-  RETURN_IF_ERROR(results_h.Reserve(n * sizeof(cuda::RowResult)));
 
-  // Stage jobs, token updates, masks and draft rows in pinned memory, then one copy each.
+  // The input block's layout, the same in pinned staging and on the device. The sizes are
+  // bounded by the step's limits (rows, V, token lists), far from overflowing size_t.
   const size_t job_bytes = n * sizeof(cuda::RowJob);
-  const size_t pen_bytes = updates.size() * sizeof(cuda::RowUpdate);
-  const size_t q_bytes = static_cast<size_t>(verifies) * V * sizeof(float);
   const size_t list_bytes = n * sizeof(int32_t);  // split_jobs, then fused_jobs
-  const size_t staging_bytes = job_bytes + pen_bytes + masks * mask_bytes + q_bytes + list_bytes + 64;
-  RETURN_IF_ERROR(staging.Reserve(staging_bytes));
-  char* stage = staging.as<char>();
-  cuda::RowJob* job_stage = reinterpret_cast<cuda::RowJob*>(stage);
-  cuda::RowUpdate* pen_stage = reinterpret_cast<cuda::RowUpdate*>(stage + job_bytes);
-  unsigned char* mask_stage = reinterpret_cast<unsigned char*>(stage + job_bytes + pen_bytes);
-  float* q_stage = reinterpret_cast<float*>(stage + job_bytes + pen_bytes + masks * mask_bytes);
-  int32_t* list_stage = reinterpret_cast<int32_t*>(reinterpret_cast<char*>(q_stage) + q_bytes);
-  std::memcpy(pen_stage, updates.data(), pen_bytes);
+  const size_t update_bytes = updates.size() * sizeof(cuda::RowUpdate);
+  const size_t q_bytes = static_cast<size_t>(verifies) * V * sizeof(float);
+  const size_t result_bytes = n * sizeof(cuda::RowResult);
+  const size_t at_lists = Align256(job_bytes);
+  const size_t at_updates = at_lists + Align256(list_bytes);
+  const size_t at_masks = at_updates + Align256(update_bytes);
+  const size_t at_q = at_masks + Align256(masks * mask_bytes);
+  const size_t at_results = at_q + Align256(q_bytes);
+  const size_t at_row_max = at_results + Align256(result_bytes);
+  const size_t block_bytes = at_row_max + Align256(n * sizeof(unsigned int));
+  RETURN_IF_ERROR(lane.staging.Reserve(block_bytes));
+  RETURN_IF_ERROR(lane.inputs_d.Reserve(block_bytes));
+  RETURN_IF_ERROR(lane.workspace.Reserve(cuda::StepParams::WorkspaceBytes(n, V)));
+  char* stage = lane.staging.as<char>();
+  char* device = lane.inputs_d.as<char>();
+  auto* job_stage = reinterpret_cast<cuda::RowJob*>(stage);
+  auto* list_stage = reinterpret_cast<int32_t*>(stage + at_lists);
+  if (update_bytes > 0) std::memcpy(stage + at_updates, updates.data(), update_bytes);
+  // Results start zeroed (no status bits) and the row maxima at the smallest order key.
+  std::memset(stage + at_results, 0, block_bytes - at_results);
   int m = 0, qv = 0;
   for (int k = 0; k < n; ++k) {
     HostJob& h = jobs[begin + k];
@@ -249,15 +305,16 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
     job.q_dense = nullptr;
     job.pool_out = nullptr;
     if (h.mask != nullptr) {
-      std::memcpy(mask_stage + m * mask_bytes, h.mask, mask_bytes);
-      job.mask = masks_d.as<unsigned char>() + m * mask_bytes;
+      std::memcpy(stage + at_masks + m * mask_bytes, h.mask, mask_bytes);
+      job.mask = reinterpret_cast<const unsigned char*>(device + at_masks + m * mask_bytes);
       ++m;
     }
     if (h.q_device != nullptr) {
       job.q_dense = h.q_device;
     } else if (h.q_host >= 0) {
-      std::memcpy(q_stage + static_cast<size_t>(qv) * V, q_rows_host[h.q_host].data(), V * sizeof(float));
-      job.q_dense = q_d.as<float>() + static_cast<size_t>(qv) * V;
+      const size_t at = at_q + static_cast<size_t>(qv) * V * sizeof(float);
+      std::memcpy(stage + at, q_rows_host[h.q_host].data(), V * sizeof(float));
+      job.q_dense = reinterpret_cast<const float*>(device + at);
       ++qv;
     }
     // A DRAFT row whose device range could not be had (its request has failed) writes nothing.
@@ -265,8 +322,9 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
     job_stage[k] = job;
   }
   // Each job's path from its own parameters (never from the batch): split, else fused.
+  const int flags = debug_flags.load();
   const bool fused_fits = cuda::FusedPathFits(V);
-  const bool split_on = fused_fits && (debug_flags & CudaBackend::kDebugNoSplitPath) == 0;
+  const bool split_on = fused_fits && (flags & CudaBackend::kDebugNoSplitPath) == 0;
   int num_split = 0;
   for (int k = 0; k < n; ++k) {
     if (split_on && cuda::SplitPathEligible(job_stage[k], V)) list_stage[num_split++] = k;
@@ -276,91 +334,84 @@ absl::Status CudaBackend::Impl::RunJobs(const Step& step, const LogitsView& devi
     if (!(split_on && cuda::SplitPathEligible(job_stage[k], V))) list_stage[num_fused++] = k;
   }
   num_fused -= num_split;
-  RETURN_IF_ERROR(lists_d.Reserve(list_bytes));
-  RETURN_IF_ERROR(split_d.Reserve(cuda::SplitScratchBytes(num_split, V)));
-  if (num_split > split_arrival_slots) {
-    RETURN_IF_ERROR(split_arrivals_d.Reserve(num_split * sizeof(unsigned int)));
-    SAMPLERD_CUDA_RETURN(cudaMemsetAsync(split_arrivals_d.as<void>(), 0, num_split * sizeof(unsigned int), stream));
-    split_arrival_slots = num_split;
+  RETURN_IF_ERROR(lane.split_d.Reserve(cuda::SplitScratchBytes(num_split, V)));
+  if (num_split > lane.split_arrival_slots) {
+    RETURN_IF_ERROR(lane.split_arrivals_d.Reserve(num_split * sizeof(unsigned int)));
+    SAMPLERD_CUDA_RETURN(cudaMemsetAsync(lane.split_arrivals_d.as<void>(), 0,
+                                         num_split * sizeof(unsigned int), lane.stream));
+    lane.split_arrival_slots = num_split;
   }
-  SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(lists_d.as<void>(), list_stage, list_bytes, cudaMemcpyHostToDevice, stream));
-  SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(jobs_d.as<void>(), job_stage, job_bytes, cudaMemcpyHostToDevice, stream));
-  if (pen_bytes > 0) {
-    SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(updates_d.as<void>(), pen_stage, pen_bytes, cudaMemcpyHostToDevice, stream));
-  }
-  if (masks > 0) {
-    SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(masks_d.as<void>(), mask_stage, masks * mask_bytes, cudaMemcpyHostToDevice, stream));
-  }
-  if (q_bytes > 0) {
-    SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(q_d.as<void>(), q_stage, q_bytes, cudaMemcpyHostToDevice, stream));
-  }
-  SAMPLERD_CUDA_RETURN(cudaMemsetAsync(results_d.as<void>(), 0, n * sizeof(cuda::RowResult), stream));
-  float* ws = workspace.as<float>();
-  unsigned int* row_max = reinterpret_cast<unsigned int*>(ws + static_cast<size_t>(n) * V);
-  SAMPLERD_CUDA_RETURN(cudaMemsetAsync(row_max, 0, n * sizeof(unsigned int), stream));
+  // Everything the launches read, in one copy.
+  SAMPLERD_CUDA_RETURN(
+      cudaMemcpyAsync(device, stage, block_bytes, cudaMemcpyHostToDevice, lane.stream));
 
   cuda::StepParams params;
   params.logits = device_logits.data;
   params.dtype = DTypeCode(device_logits.dtype);
   params.row_stride = device_logits.row_stride;
   params.vocab_size = V;
-  params.jobs = jobs_d.as<cuda::RowJob>();
+  params.jobs = reinterpret_cast<const cuda::RowJob*>(device);
   params.num_jobs = n;
-  params.updates = updates_d.as<cuda::RowUpdate>();
+  params.updates = reinterpret_cast<const cuda::RowUpdate*>(device + at_updates);
   params.num_updates = static_cast<int32_t>(updates.size());
-  params.workspace = ws;
-  params.row_max = row_max;
-  params.results = results_d.as<cuda::RowResult>();
+  params.workspace = lane.workspace.as<float>();
+  params.row_max = reinterpret_cast<unsigned int*>(device + at_row_max);
+  params.results = reinterpret_cast<cuda::RowResult*>(device + at_results);
   if (fused_fits) {
-    params.split_jobs = lists_d.as<int32_t>();
+    const auto* lists = reinterpret_cast<const int32_t*>(device + at_lists);
+    params.split_jobs = lists;
     params.num_split = num_split;
-    params.split_scratch = split_d.as<void>();
-    params.split_arrivals = split_arrivals_d.as<unsigned int>();
-    params.fused_jobs = lists_d.as<int32_t>() + num_split;
+    params.split_scratch = lane.split_d.as<void>();
+    params.split_arrivals = lane.split_arrivals_d.as<unsigned int>();
+    params.fused_jobs = lists + num_split;
     params.num_fused = num_fused;
   }
-  if (stage_timing) {
+  const bool timing = stage_timing.load();
+  if (timing) {
     // Benchmarks only: the instrumented kernels (//cuda:cuda_backend_probed) stamp their stages.
-    RETURN_IF_ERROR(stage_d.Reserve(kStageEntries * sizeof(unsigned long long)));
-    SAMPLERD_CUDA_RETURN(cudaMemsetAsync(stage_d.as<void>(), 0, kStageEntries * sizeof(unsigned long long), stream));
+    RETURN_IF_ERROR(lane.stage_d.Reserve(kStageEntries * sizeof(unsigned long long)));
+    SAMPLERD_CUDA_RETURN(cudaMemsetAsync(lane.stage_d.as<void>(), 0,
+                                         kStageEntries * sizeof(unsigned long long), lane.stream));
     cuda::StageProbe probe;
-    probe.stage_times = stage_d.as<unsigned long long>();
-    probe.flags = debug_flags & 0xff;
+    probe.stage_times = lane.stage_d.as<unsigned long long>();
+    probe.flags = flags & 0xff;
     SAMPLERD_CUDA_RETURN(cuda::SetStageProbe(probe));
   }
   if (const char* invalid = params.Validate(); invalid != nullptr) {
     return absl::InternalError(absl::StrCat("cuda step params: ", invalid));
   }
-  SAMPLERD_CUDA_RETURN(cudaEventRecord(start, stream));
+  SAMPLERD_CUDA_RETURN(cudaEventRecord(lane.start, lane.stream));
   if (fused_fits) {
     // Rows with a small top-k: independent blocks over chunks of each row, the last of which
     // finishes the row. The rest: one read of each row by a cluster of blocks, which also runs the
     // general algorithm for the rows its candidates cannot finish.
-    SAMPLERD_CUDA_RETURN(cuda::LaunchSplitRows(params, stream));
-    SAMPLERD_CUDA_RETURN(cuda::LaunchFusedRows(params, stream));
+    SAMPLERD_CUDA_RETURN(cuda::LaunchSplitRows(params, lane.stream));
+    SAMPLERD_CUDA_RETURN(cuda::LaunchFusedRows(params, lane.stream));
   } else {
-    SAMPLERD_CUDA_RETURN(cuda::LaunchPrepareRows(params, stream));
-    SAMPLERD_CUDA_RETURN(cuda::LaunchRowUpdates(params, stream));
-    SAMPLERD_CUDA_RETURN(cuda::LaunchSampleRows(params, stream));
+    SAMPLERD_CUDA_RETURN(cuda::LaunchPrepareRows(params, lane.stream));
+    SAMPLERD_CUDA_RETURN(cuda::LaunchRowUpdates(params, lane.stream));
+    SAMPLERD_CUDA_RETURN(cuda::LaunchSampleRows(params, lane.stream));
   }
-  SAMPLERD_CUDA_RETURN(cudaEventRecord(stop, stream));
-  SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(results_h.as<void>(), results_d.as<void>(),
-                                       n * sizeof(cuda::RowResult), cudaMemcpyDeviceToHost, stream));
-  SAMPLERD_CUDA_RETURN(cudaStreamSynchronize(stream));  // this stream only, never the device
-  if (stage_timing) {
+  SAMPLERD_CUDA_RETURN(cudaEventRecord(lane.stop, lane.stream));
+  // The results come back into the staging block they were zeroed in: pinned, read once below.
+  SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(stage + at_results, device + at_results, result_bytes,
+                                       cudaMemcpyDeviceToHost, lane.stream));
+  SAMPLERD_CUDA_RETURN(cudaStreamSynchronize(lane.stream));  // this stream only, never the device
+  if (timing) {
     unsigned long long t[kStageEntries];
-    SAMPLERD_CUDA_RETURN(cudaMemcpy(t, stage_d.as<void>(), sizeof(t), cudaMemcpyDeviceToHost));
-    stage_us.clear();
+    SAMPLERD_CUDA_RETURN(cudaMemcpy(t, lane.stage_d.as<void>(), sizeof(t), cudaMemcpyDeviceToHost));
     // The split path's stages when it ran (from its chunk kernel's start), else the fused one's.
     const int t0 = num_split > 0 ? 9 : 0;
     const std::vector<int> order = num_split > 0 ? std::vector<int>{10, 11, 12, 13, 14, 15, 16, 17}
                                                  : std::vector<int>{1, 2, 7, 3, 4, 5, 6};
+    absl::MutexLock lock(&stage_mu);
+    stage_us.clear();
     for (int k : order) stage_us.push_back(t[k] >= t[t0] ? (t[k] - t[t0]) * 1e-3 : -1.0);
   }
   float ms = 0.0f;
-  SAMPLERD_CUDA_RETURN(cudaEventElapsedTime(&ms, start, stop));
-  kernel_us += ms * 1000.0f;
-  const cuda::RowResult* r = results_h.as<cuda::RowResult>();
+  SAMPLERD_CUDA_RETURN(cudaEventElapsedTime(&ms, lane.start, lane.stop));
+  *kernel_us += ms * 1000.0f;
+  const auto* r = reinterpret_cast<const cuda::RowResult*>(stage + at_results);
   results.insert(results.end(), r, r + n);
   return absl::OkStatus();
 }
@@ -378,14 +429,18 @@ CudaBackend::~CudaBackend() = default;
 
 BackendInfo CudaBackend::Info() const { return BackendInfo{"cuda", impl_->device_name}; }
 DraftPool& CudaBackend::draft_pool() { return impl_->pool; }
-float CudaBackend::last_kernel_us() const { return impl_->kernel_us; }
+int CudaBackend::max_concurrent_steps() const { return static_cast<int>(impl_->lanes.size()); }
+float CudaBackend::last_kernel_us() const { return impl_->last_kernel_us.load(); }
 void CudaBackend::set_stage_timing(bool on, int debug_flags) {
-  impl_->stage_timing = on;
-  impl_->debug_flags = debug_flags;
+  impl_->stage_timing.store(on);
+  impl_->debug_flags.store(debug_flags);
   // Off: the probe points nowhere again (the production kernels have none: an error, ignored).
   if (!on) cuda::SetStageProbe(cuda::StageProbe{});
 }
-std::vector<double> CudaBackend::last_stage_us() const { return impl_->stage_us; }
+std::vector<double> CudaBackend::last_stage_us() const {
+  absl::MutexLock lock(&impl_->stage_mu);
+  return impl_->stage_us;
+}
 
 namespace {
 
@@ -408,9 +463,7 @@ std::vector<cuda::RowUpdate> DeviceUpdates(const std::vector<TokenUpdate>& updat
 
 absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
   Impl& impl = *impl_;
-  absl::MutexLock lock(&impl.mu);
   SAMPLERD_CUDA_RETURN(cudaSetDevice(impl.options.device));
-  impl.kernel_us = 0.0f;
   const Step& step = *plan.step;
   const int32_t V = step.vocab_size;
   StepResult result = BeginStepResult(plan);
@@ -527,25 +580,39 @@ absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
     }
   }
 
-  // Logits: host views are copied to the device once per step.
+  // The device part of the step runs on a free lane; the host work above overlapped with
+  // other steps' kernels.
+  Lane* lane = impl.AcquireLane();
+  struct LaneGuard {
+    Impl& impl;
+    Lane* lane;
+    ~LaneGuard() { impl.ReleaseLane(lane); }
+  } lane_guard{impl, lane};
+  // Logits: host views are copied to the device once per step (at full PCIe speed when the
+  // host memory is pinned: a registered shm region).
   LogitsView device_logits = step.logits;
   if (!step.logits.on_device && !jobs.empty()) {
     const size_t bytes = static_cast<size_t>(step.logits.ByteExtent());
-    RETURN_IF_ERROR(impl.logits.Reserve(bytes));
-    SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(impl.logits.as<void>(), step.logits.data, bytes,
-                                         cudaMemcpyHostToDevice, impl.stream));
-    device_logits.data = impl.logits.as<void>();
+    RETURN_IF_ERROR(lane->logits.Reserve(bytes));
+    SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(lane->logits.as<void>(), step.logits.data, bytes,
+                                         cudaMemcpyHostToDevice, lane->stream));
+    device_logits.data = lane->logits.as<void>();
     device_logits.on_device = true;
   } else if (step.logits.on_device && step.logits.ready_event != nullptr) {
     // The producer's event (CUDA IPC): our stream waits for it, the host does not.
     SAMPLERD_CUDA_RETURN(cudaStreamWaitEvent(
-        impl.stream, static_cast<cudaEvent_t>(const_cast<void*>(step.logits.ready_event)), 0));
+        lane->stream, static_cast<cudaEvent_t>(const_cast<void*>(step.logits.ready_event)), 0));
   }
   std::vector<cuda::RowResult> results;
+  results.reserve(jobs.size());
+  float kernel_us = 0.0f;
   for (size_t begin = 0; begin < jobs.size(); begin += kMaxJobsPerLaunch) {
     const size_t end = std::min(jobs.size(), begin + kMaxJobsPerLaunch);
-    RETURN_IF_ERROR(impl.RunJobs(step, device_logits, jobs, begin, end, results, q_rows));
+    RETURN_IF_ERROR(
+        impl.RunJobs(*lane, step, device_logits, jobs, begin, end, results, q_rows, &kernel_us));
   }
+  impl.last_kernel_us.store(kernel_us);
+  result.kernel_us = kernel_us;
 
   // Outcomes of the sampled rows, and the prompt logprobs.
   std::vector<RowOutcome> outcomes(num_sample_jobs);

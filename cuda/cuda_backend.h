@@ -1,6 +1,6 @@
 // The CUDA backend: SPEC's contract computed by samplerd's kernels on one GPU, on the
-// backend's own non-blocking stream. Host logits (inline, shm) are staged through pinned
-// memory; device logits (CUDA IPC) are read in place.
+// backend's own non-blocking streams (one per step in flight). Host logits (inline, shm) are
+// copied to the device once per step; device logits (CUDA IPC) are read in place.
 //
 //   if (CudaDeviceUsable(0)) {
 //     ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> gpu, CudaBackend::Create({.device = 0}));
@@ -22,6 +22,10 @@ namespace samplerd {
 struct CudaBackendOptions {
   int device = 0;
   DraftPoolOptions draft_pool;
+  // Steps on the device at once, each on its own CUDA stream with its own buffers (a "lane"):
+  // one step's host work and copies overlap another's kernels. Each lane's buffers grow to the
+  // largest step it has run.
+  int streams = 4;
 };
 
 // Whether CUDA device `device` can be used: false (with the reason in `why`) when there is no
@@ -36,13 +40,16 @@ class CudaBackend final : public Backend {
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
 
-  // Steps run one at a time on the backend's stream; concurrent callers queue.
+  // Up to options.streams steps run at once, each on its own stream; further callers wait
+  // for a free one. A step's results do not depend on what else runs (batch invariance).
   absl::StatusOr<StepResult> Sample(const StepPlan& plan) override;
   BackendInfo Info() const override;
+  int max_concurrent_steps() const override;
 
   DraftPool& draft_pool() override;
 
-  // Kernel time of the last step, in microseconds (CUDA events around the launches).
+  // Kernel time of the last step to finish, in microseconds (CUDA events around the
+  // launches); each step's own is StepResult::kernel_us.
   float last_kernel_us() const;
   // Benchmarks: record the kernels' stage times (ns since their start) of the next steps; needs
   // the instrumented kernels (link //cuda:cuda_backend_probed; the production backend's steps

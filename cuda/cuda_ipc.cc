@@ -87,4 +87,23 @@ absl::StatusOr<std::unique_ptr<CudaIpcEvent>> CudaIpcEvent::Open(const char* han
 
 CudaIpcEvent::~CudaIpcEvent() { cudaEventDestroy(static_cast<cudaEvent_t>(event_)); }
 
+absl::StatusOr<std::unique_ptr<PinnedHostMemory>> PinnedHostMemory::Pin(const void* data,
+                                                                      int64_t bytes, int device,
+                                                                      bool read_only) {
+  SAMPLERD_CUDA_RETURN(cudaSetDevice(device));
+  void* ptr = const_cast<void*>(data);
+  const unsigned int flags = cudaHostRegisterPortable | (read_only ? cudaHostRegisterReadOnly : 0);
+  const cudaError_t error = cudaHostRegister(ptr, static_cast<size_t>(bytes), flags);
+  if (error != cudaSuccess) {
+    cudaGetLastError();  // not sticky; leave the thread's error state clean
+    return CudaStatus(error, "cudaHostRegister", absl::StatusCode::kFailedPrecondition);
+  }
+  return std::unique_ptr<PinnedHostMemory>(new PinnedHostMemory(ptr, device));
+}
+
+PinnedHostMemory::~PinnedHostMemory() {
+  cudaSetDevice(device_);
+  cudaHostUnregister(data_);
+}
+
 }  // namespace samplerd

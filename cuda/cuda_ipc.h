@@ -1,12 +1,10 @@
-// CUDA IPC memory and events of another process (a model worker), opened on the server's
-// device. Host header: no CUDA types in it.
+// What the buffer registry opens on the server's device for a model worker's memory: its
+// CUDA IPC memory and events, and its host shared memory pinned for the device's copies.
+// Host header: no CUDA types in it.
 //
 //   ASSIGN_OR_RETURN(std::unique_ptr<CudaIpcMemory> mem,
 //                    CudaIpcMemory::Open(handle_bytes, /*byte_size=*/n, /*device=*/0));
 //   const void* logits = mem->data();  // device pointer, valid until mem is destroyed
-//
-// NOT YET RUN on a GPU (written after this session's device time was spent): see
-// docs/gpu-notes.md.
 #ifndef SAMPLERD_CUDA_CUDA_IPC_H_
 #define SAMPLERD_CUDA_CUDA_IPC_H_
 
@@ -56,6 +54,28 @@ class CudaIpcEvent final {
  private:
   explicit CudaIpcEvent(void* event) : event_(event) {}
   void* event_;
+};
+
+// Host memory (a registered shm region's mapping) page-locked for the device's copies, so a
+// step's logits cross PCIe by DMA at full speed instead of through the driver's pageable
+// staging. Pinning costs time in proportion to the size, once, at registration.
+// A read-only mapping is pinned with cudaHostRegisterReadOnly. If the owner shrinks the object
+// while it is pinned, the pinned pages stay (the device reads the old bytes, never another
+// process's memory) and the step is failed by the region's size check after the read.
+class PinnedHostMemory final {
+ public:
+  // FAILED_PRECONDITION when the driver refuses (e.g. read-only registration unsupported);
+  // the caller then copies from pageable memory.
+  static absl::StatusOr<std::unique_ptr<PinnedHostMemory>> Pin(const void* data, int64_t bytes,
+                                                               int device, bool read_only);
+  ~PinnedHostMemory();
+  PinnedHostMemory(const PinnedHostMemory&) = delete;
+  PinnedHostMemory& operator=(const PinnedHostMemory&) = delete;
+
+ private:
+  PinnedHostMemory(void* data, int device) : data_(data), device_(device) {}
+  void* data_;
+  int device_;
 };
 
 }  // namespace samplerd

@@ -33,6 +33,10 @@ class Backend {
 
   virtual BackendInfo Info() const = 0;
 
+  // Steps worth running at once: the service admits this many to Sample together and queues
+  // the rest (its queue_us). The CPU backend spreads one step over all its threads: 1.
+  virtual int max_concurrent_steps() const { return 1; }
+
   // The backend's draft pool (internally synchronised): the service releases entries in it.
   virtual DraftPool& draft_pool() = 0;
 };

@@ -141,6 +141,9 @@ struct RequestResult {
 struct StepResult {
   uint64_t step_id = 0;
   std::vector<RequestResult> results;  // one per request, in request order
+  // Device time of the step's launches (CUDA events), in microseconds; 0 on the CPU backend.
+  // The rest of the backend's time is host work around them.
+  float kernel_us = 0.0f;
 };
 
 }  // namespace samplerd
