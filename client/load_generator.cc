@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/device_logits.h"
 #include "client/sampler_client.h"
+#include "sampler/status_macros.h"
 
 namespace samplerd {
 namespace {
@@ -44,7 +45,7 @@ v1::SampleRequest MakeStep(const LoadOptions& options, int stream, int step) {
 struct StreamResult {
   absl::Status status;
   std::vector<double> latencies_us;
-  std::vector<double> compute_us;
+  std::vector<double> compute_us, kernel_us, host_us, prepare_us;
   Clock::time_point first, last;  // start of the first measured step, end of the last
 };
 
@@ -115,7 +116,11 @@ void RunStream(const LoadOptions& options, int index, SamplerClient& client, Str
     out.last = Clock::now();
     if (step >= options.warmup) {
       out.latencies_us.push_back(us);
-      out.compute_us.push_back(static_cast<double>(response->timing().compute_us()));
+      const v1::StepTiming& timing = response->timing();
+      out.compute_us.push_back(static_cast<double>(timing.compute_us()));
+      out.kernel_us.push_back(static_cast<double>(timing.kernel_us()));
+      out.host_us.push_back(static_cast<double>(timing.compute_us() - timing.kernel_us()));
+      out.prepare_us.push_back(static_cast<double>(timing.prepare_us()));
     }
   }
   if (stream) out.status = stream->Close();
@@ -169,6 +174,35 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
       floor.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
     }
   }
+  std::vector<double> stream_floor;
+  if (options.streaming) {
+    auto stream = (*client)->OpenStream();
+    if (!stream.ok()) return stream.status();
+    for (int i = 0; i < options.warmup + options.steps; ++i) {
+      // The smallest step the server answers: no requests, one logit (inline).
+      v1::SampleRequest empty;
+      empty.set_step_id(static_cast<uint64_t>(i));
+      empty.mutable_inputs()->set_kind(v1::PREFILL);
+      empty.mutable_inputs()->set_vocab_size(1);
+      v1::Tensor* one = empty.mutable_logits();
+      one->set_dtype(v1::FLOAT32);
+      one->set_rows(1);
+      one->set_cols(1);
+      one->set_data(std::string(4, '\0'));
+      const Clock::time_point start = Clock::now();
+      auto response = (*stream)->Step(empty);
+      if (!response.ok()) return response.status();
+      if (response->has_error()) {
+        return absl::InternalError(absl::StrCat("the stream floor's empty step failed: ",
+                                                response->error().message()));
+      }
+      if (i >= options.warmup) {
+        stream_floor.push_back(
+            std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+      }
+    }
+    RETURN_IF_ERROR((*stream)->Close());
+  }
   std::vector<StreamResult> results(options.streams);
   std::vector<std::thread> threads;
   for (int s = 0; s < options.streams; ++s) {
@@ -176,7 +210,7 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
   }
   for (std::thread& t : threads) t.join();
   LoadReport report;
-  std::vector<double> all, compute;
+  std::vector<double> all, compute, kernel, host, prepare;
   Clock::time_point first = results[0].first, last = results[0].last;
   for (const StreamResult& r : results) {
     if (!r.status.ok()) return r.status;
@@ -184,6 +218,9 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
     last = std::max(last, r.last);
     all.insert(all.end(), r.latencies_us.begin(), r.latencies_us.end());
     compute.insert(compute.end(), r.compute_us.begin(), r.compute_us.end());
+    kernel.insert(kernel.end(), r.kernel_us.begin(), r.kernel_us.end());
+    host.insert(host.end(), r.host_us.begin(), r.host_us.end());
+    prepare.insert(prepare.end(), r.prepare_us.begin(), r.prepare_us.end());
   }
   report.seconds = std::chrono::duration<double>(last - first).count();
   report.steps = static_cast<int64_t>(all.size());
@@ -191,20 +228,30 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
   report.p99_us = Percentile(all, 0.99);
   report.max_us = Percentile(all, 1.0);
   report.server_compute_p50_us = Percentile(compute, 0.50);
+  report.server_kernel_p50_us = Percentile(kernel, 0.50);
+  report.server_host_p50_us = Percentile(host, 0.50);
+  report.server_prepare_p50_us = Percentile(prepare, 0.50);
   report.floor_p50_us = Percentile(floor, 0.50);
   report.floor_p99_us = Percentile(floor, 0.99);
+  report.stream_floor_p50_us = Percentile(stream_floor, 0.50);
+  report.stream_floor_p99_us = Percentile(stream_floor, 0.99);
   return report;
 }
 
 std::string FormatReport(const LoadOptions& options, const LoadReport& report) {
   return absl::StrFormat(
       "streams=%d rows=%d vocab=%d source=%s mode=%s steps=%d: %.1f steps/s, latency p50 %.0f us "
-      "p99 %.0f us max %.0f us (server compute p50 %.0f us; outside compute p50 %.0f us); "
-      "empty-gRPC floor p50 %.0f us p99 %.0f us\n",
+      "p99 %.0f us max %.0f us (server compute p50 %.0f us: kernels p50 %.0f, host around them "
+      "p50 %.0f; prepare p50 %.0f us; outside compute p50 %.0f us); empty-gRPC floor p50 %.0f us "
+      "p99 %.0f us%s\n",
       options.streams, options.rows, options.vocab, SourceName(options.source),
       options.streaming ? "stream" : "unary", report.steps, report.steps / report.seconds,
       report.p50_us, report.p99_us, report.max_us, report.server_compute_p50_us,
-      report.p50_us - report.server_compute_p50_us, report.floor_p50_us, report.floor_p99_us);
+      report.server_kernel_p50_us, report.server_host_p50_us, report.server_prepare_p50_us,
+      report.p50_us - report.server_compute_p50_us, report.floor_p50_us, report.floor_p99_us,
+      options.streaming ? absl::StrFormat("; empty-step stream floor p50 %.0f us p99 %.0f us",
+                                          report.stream_floor_p50_us, report.stream_floor_p99_us)
+                        : std::string());
 }
 
 }  // namespace samplerd

@@ -32,10 +32,16 @@ struct LoadReport {
   int64_t steps = 0;
   double seconds = 0;       // wall time of the measured steps
   double p50_us = 0, p99_us = 0, max_us = 0;
-  double server_compute_p50_us = 0;  // the server's own compute_us
+  double server_compute_p50_us = 0;  // the server's own compute_us (its backend)
+  // Its parts (StepTiming): device time of the kernels (0 on the CPU backend); the backend's
+  // host work around them (compute - kernel, per step); conversion and planning before it.
+  double server_kernel_p50_us = 0, server_host_p50_us = 0, server_prepare_p50_us = 0;
   // The floor, measured in the same run on the same channel before the load: an empty unary
   // round trip (grpc.health.v1 Health/Check), as many calls as one stream's steps.
   double floor_p50_us = 0, floor_p99_us = 0;
+  // Streaming runs: the same for a SampleStream round trip of an empty step (no requests,
+  // one inline logit: the whole service path with nothing to sample).
+  double stream_floor_p50_us = 0, stream_floor_p99_us = 0;
 };
 
 // Errors: the first failed call's status.

@@ -16,7 +16,7 @@ start() {  # start NAME ARGS...: a samplerd whose address lands in $dir/NAME.add
   for _ in $(seq 200); do [[ -s $dir/$name.port ]] && break; sleep 0.05; done
   echo "127.0.0.1:$(head -1 "$dir/$name.port")" > "$dir/$name.addr"
 }
-start gpu --log_level=info
+start gpu --log_level=info ${SAMPLERD_ARGS:-}
 gpu_pid=$!
 target=$(cat "$dir/gpu.addr")
 status=0
@@ -30,12 +30,22 @@ python3 -m pip install -q --no-index --find-links=.device-pack/wheels --target="
 PYTHONPATH=$pylib SAMPLERD_BIN=.device-pack/bin/samplerd SAMPLERD_TEST_BACKEND=cuda \
   python3 -m pytest -q -s -p no:cacheprovider client/python/tests \
   || { echo "client/python/tests FAILED"; status=1; }
-for source in cuda_ipc shm; do
-  for mode in unary stream; do
-    .device-pack/bin/samplerctl bench --target="$target" --rows=16 --vocab=129280 --steps=500 \
-      --source=$source --mode=$mode || status=1
-  done
-done
-.device-pack/bin/samplerctl bench --target="$target" --rows=16 --vocab=129280 --steps=100 --source=inline --mode=stream
+# Issue 15's table: per configuration the client's latency percentiles and steps/s, the
+# server's compute split into kernels and the host work around them, and the empty-gRPC floor
+# measured on the same channel in the same run.
+bench() { .device-pack/bin/samplerctl bench --target="$target" --rows=16 --vocab=129280 "$@" || status=1; }
+for mode in unary stream; do bench --steps=1000 --source=cuda_ipc --mode=$mode; done
+for streams in 4 16; do bench --steps=1000 --source=cuda_ipc --mode=stream --streams=$streams; done
+for mode in unary stream; do bench --steps=300 --source=shm --mode=$mode; done
+bench --steps=300 --source=shm --mode=stream --streams=4
+bench --steps=100 --source=inline --mode=stream
+# The same 16 streams on a samplerd with one CUDA stream (steps one at a time on the device,
+# as before lanes): the baseline of the concurrency figure, in the same run.
+start serial --cuda_streams=1
+serial_pid=$!
+target=$(cat "$dir/serial.addr")
+bench --steps=1000 --source=cuda_ipc --mode=stream --streams=16
+kill -TERM $serial_pid; wait $serial_pid
+target=$(cat "$dir/gpu.addr")
 kill -TERM $gpu_pid; wait $gpu_pid; echo "samplerd exit $?"
 exit $status

@@ -26,6 +26,17 @@ absl::Status BufferRegistry::Register(const v1::RegisterBufferRequest& request) 
       region->shm = std::move(*shm);
       region->bytes = region->shm->byte_size();
       region->info.set_shm_name(request.shm_name());
+      if (device_ != nullptr) {
+        // The CUDA backend copies each step's logits from this region: pinned, they cross
+        // PCIe by DMA. Unpinned (the driver refused) they are still copied, only slower.
+        auto pinned = device_->PinHostMemory(region->shm->data(), region->bytes);
+        if (pinned.ok()) {
+          region->pinned = std::move(*pinned);
+          region->info.set_pinned(true);
+        } else {
+          region->info.set_pin_error(std::string(pinned.status().message()));
+        }
+      }
       break;
     }
     case v1::CUDA_IPC: {
@@ -122,7 +133,8 @@ absl::StatusOr<const void*> BufferRegistry::Resolve(const v1::Tensor& tensor, in
       const std::string shm_field = field + ".buffer";
       auto data = region->shm->Slice(slice.byte_offset(), byte_extent, shm_field);
       if (!data.ok()) return data.status();
-      *verify = [region, shm_field] { return region->shm->Intact(shm_field); };
+      const int64_t end = slice.byte_offset() + byte_extent;  // within size, checked above
+      *verify = [region, shm_field, end] { return region->shm->Intact(shm_field, end); };
       *lease = region;
       return data;
     }

@@ -64,6 +64,9 @@ class BufferRegistry final : public LogitsSourceResolver {
   struct Region {
     v1::BufferInfo info;
     std::unique_ptr<ShmRegion> shm;          // HOST_SHM
+    // HOST_SHM with the CUDA backend: the mapping page-locked (info.pinned), released before
+    // `shm` unmaps it (members are destroyed in reverse order).
+    std::shared_ptr<const void> pinned;
     std::shared_ptr<const void> device;      // CUDA_IPC: keeps the mapping open
     const void* data = nullptr;              // CUDA_IPC: the region's first device byte
     int64_t bytes = 0;                       // readable bytes from data

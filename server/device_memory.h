@@ -28,6 +28,11 @@ class DeviceMemoryOpener {
   virtual absl::StatusOr<std::shared_ptr<const void>> OpenEvent(const CudaIpcHandle& handle,
                                                                 int device,
                                                                 const void** event) = 0;
+  // Pins host memory [data, data + bytes) (a registered shm region's read-only mapping) for
+  // the device's copies; the lease unpins. An error means the region is copied from pageable
+  // memory, slower but correct.
+  virtual absl::StatusOr<std::shared_ptr<const void>> PinHostMemory(const void* data,
+                                                                    int64_t bytes) = 0;
   virtual int device() const = 0;
 };
 

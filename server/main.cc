@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -44,6 +45,12 @@ ABSL_FLAG(std::string, unix_socket, "", "also listen on this Unix-domain socket 
 ABSL_FLAG(std::string, backend, "auto", "auto | cpu | cuda (auto: CUDA when a GPU is usable)");
 ABSL_FLAG(int, threads, 0, "CPU backend worker threads (0 = all cores)");
 ABSL_FLAG(int, cuda_device, 0, "CUDA device of the CUDA backend");
+ABSL_FLAG(int, malloc_arenas, 16,
+          "glibc malloc arenas (M_ARENA_MAX): fewer bound the memory that freed large messages "
+          "keep cached; more let concurrent steps allocate without contending");
+ABSL_FLAG(int, cuda_streams, 4,
+          "CUDA backend: steps on the device at once, each on its own CUDA stream with its own "
+          "buffers (one step's host work and copies overlap another's kernels)");
 ABSL_FLAG(int64_t, max_message_bytes, 256LL << 20,
           "largest gRPC message accepted; 256 MiB fits inline fp32 logits of 384 x 129,280");
 ABSL_FLAG(int, max_rows, 1 << 20, "most logits rows in one step");
@@ -115,6 +122,12 @@ class CudaMemoryOpener final : public DeviceMemoryOpener {
     *event = (*opened)->native();
     return std::shared_ptr<const void>(std::move(*opened));
   }
+  absl::StatusOr<std::shared_ptr<const void>> PinHostMemory(const void* data,
+                                                            int64_t bytes) override {
+    auto pinned = PinnedHostMemory::Pin(data, bytes, device_, /*read_only=*/true);
+    if (!pinned.ok()) return pinned.status();
+    return std::shared_ptr<const void>(std::move(*pinned));
+  }
   int device() const override { return device_; }
 
  private:
@@ -137,6 +150,10 @@ int Serve() {
     spdlog::error("--max_token_list must be >= 0");
     return 2;
   }
+  if (absl::GetFlag(FLAGS_cuda_streams) < 1 || absl::GetFlag(FLAGS_cuda_streams) > 64) {
+    spdlog::error("--cuda_streams must be in [1, 64]");
+    return 2;
+  }
   DraftPoolOptions pool_options;
   pool_options.capacity_bytes = absl::GetFlag(FLAGS_draft_pool_bytes);
   pool_options.ttl = absl::Milliseconds(absl::GetFlag(FLAGS_draft_pool_ttl_ms));
@@ -150,6 +167,7 @@ int Serve() {
       CudaBackendOptions cuda_options;
       cuda_options.device = device;
       cuda_options.draft_pool = pool_options;
+      cuda_options.streams = absl::GetFlag(FLAGS_cuda_streams);
       auto cuda = CudaBackend::Create(cuda_options);
       if (cuda.ok()) {
         backend = std::move(*cuda);
@@ -307,12 +325,6 @@ int Serve() {
 }  // namespace samplerd
 
 int main(int argc, char** argv) {
-  // Few malloc arenas: with one per thread (glibc's default, up to 8 per core), freed
-  // multi-megabyte blocks of inline logits stay cached in many arenas and RSS creeps up under
-  // bursts of large messages (measured: 0.73 GiB at 2 s to 1.05 GiB at 15 s under 32 streams of
-  // 8.3 MB steps). A fixed mmap threshold would also stop the creep, but re-faulting every
-  // block made inline steps 3x slower on the GPU machine.
-  mallopt(M_ARENA_MAX, 2);
   // Block SIGTERM/SIGINT before gRPC starts its threads, so they inherit the mask and the
   // main thread receives them with sigwait.
   sigset_t signals;
@@ -335,5 +347,12 @@ int main(int argc, char** argv) {
   // failed). Linking the generated health.proto puts it in the descriptor pool reflection reads.
   (void)grpc::health::v1::HealthCheckRequest::descriptor();
   absl::ParseCommandLine(argc, argv);
+  // A bounded number of malloc arenas, set before any thread starts. glibc's default (up to 8
+  // per core) lets freed multi-megabyte blocks of inline logits stay cached in many arenas, so
+  // RSS crept up under bursts of large messages (0.73 GiB at 2 s to 1.05 GiB at 15 s under 32
+  // streams of 8.3 MB steps). Too few arenas serialise every allocation of concurrent steps:
+  // with 2, 16 streams of R = 16 on the CUDA backend ran at 14,753 steps/s and 29,159 with 16
+  // (H200 machine, same run; the host work around the kernels went from 144 to 45 us p50).
+  mallopt(M_ARENA_MAX, std::max(1, absl::GetFlag(FLAGS_malloc_arenas)));
   return samplerd::Serve();
 }

@@ -116,7 +116,8 @@ absl::StatusOr<std::map<const v1::Tensor*, StepResolver::Received>> ReceiveNcclL
 }  // namespace
 
 struct SamplerService::StepStats {
-  Clock::time_point computed, done;
+  Clock::time_point prepared, computed, done;
+  float kernel_us = 0.0f;
   int64_t rows = 0;
   StepKind kind = StepKind::kPrefill;
 };
@@ -166,7 +167,7 @@ absl::Status SamplerService::RunStep(const v1::SampleRequest& request,
   }
   const Clock::time_point received_at = Clock::now();
   StepStats stats;
-  stats.computed = stats.done = received_at;
+  stats.prepared = stats.computed = stats.done = received_at;
   StepResolver resolver(registry_, std::move(received_logits));
   absl::StatusOr<StepResult> result =
       received.ok() ? ComputeStep(request, pool_scope, resolver, &stats)
@@ -201,7 +202,9 @@ absl::Status SamplerService::RunStep(const v1::SampleRequest& request,
   const Clock::time_point end = Clock::now();
   v1::StepTiming* timing = response->mutable_timing();
   timing->set_queue_us(Micros(stats.computed - start));
+  timing->set_prepare_us(Micros(stats.prepared - received_at));
   timing->set_compute_us(Micros(stats.done - stats.computed));
+  timing->set_kernel_us(static_cast<int64_t>(stats.kernel_us));
   timing->set_total_us(Micros(end - start));
   timing->set_group_us(group_id.empty() ? 0 : Micros(group_time));
   for (const RequestResult& r : result->results) {
@@ -244,13 +247,25 @@ absl::StatusOr<StepResult> SamplerService::ComputeStep(const v1::SampleRequest& 
     stats->rows += static_cast<int64_t>(plan->requests[i].sampled_rows.size() +
                                         (*converted)->step.requests[i].prompt_targets.size());
   }
+  stats->prepared = Clock::now();
   absl::StatusOr<StepResult> result;
   {
+    const int slots = std::max(1, backend_.max_concurrent_steps());
     absl::MutexLock lock(&backend_mu_);
-    stats->computed = Clock::now();
-    result = backend_.Sample(*plan);
-    stats->done = Clock::now();
+    auto slot_free = [this, slots]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(backend_mu_) {
+      return backend_busy_ < slots;
+    };
+    backend_mu_.Await(absl::Condition(&slot_free));
+    ++backend_busy_;
   }
+  stats->computed = Clock::now();
+  result = backend_.Sample(*plan);
+  stats->done = Clock::now();
+  {
+    absl::MutexLock lock(&backend_mu_);
+    --backend_busy_;
+  }
+  if (result.ok()) stats->kernel_us = result->kernel_us;
   // A registered shm object truncated while the backend read it: its answers rest on zero
   // pages, so the step fails (the SIGBUS handler kept the server alive).
   if (result.ok()) {
@@ -307,11 +322,14 @@ grpc::Status SamplerService::SampleStream(
 grpc::Status SamplerService::RegisterBuffer(grpc::ServerContext*,
                                             const v1::RegisterBufferRequest* request,
                                             v1::RegisterBufferResponse*) {
+  const Clock::time_point start = Clock::now();
   const absl::Status status = registry_.Register(*request);
   metrics_.SetRegisteredBuffers(registry_.Size());
   if (status.ok()) {
-    spdlog::info("registered buffer '{}' ({} bytes, {})", request->name(), request->byte_size(),
-                 v1::BufferKind_Name(request->kind()));
+    // Registration's cost (opening, mapping, pinning) is paid once, here: logged.
+    spdlog::info("registered buffer '{}' ({} bytes, {}) in {} us", request->name(),
+                 request->byte_size(), v1::BufferKind_Name(request->kind()),
+                 Micros(Clock::now() - start));
   } else {
     spdlog::warn("RegisterBuffer '{}': {}", request->name(), status.ToString());
   }

@@ -96,8 +96,10 @@ class SamplerService final : public v1::Sampler::Service {
   std::atomic<int64_t> steps_read_{0};
   std::atomic<int64_t> steps_answered_{0};
   std::atomic<int> admitted_{0};
-  // Steps reach the backend one at a time, so the wait for it is measurable (queue_us).
+  // At most backend_.max_concurrent_steps() steps are in the backend at once; the wait for
+  // a slot is measurable (queue_us).
   absl::Mutex backend_mu_;
+  int backend_busy_ ABSL_GUARDED_BY(backend_mu_) = 0;
 };
 
 }  // namespace samplerd

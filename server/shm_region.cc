@@ -184,8 +184,12 @@ absl::StatusOr<const void*> ShmRegion::Slice(int64_t offset, int64_t bytes,
   return static_cast<const void*>(static_cast<const char*>(data_) + offset);
 }
 
-absl::Status ShmRegion::Intact(const std::string& field) const {
-  if (g_slots[slot_].faulted.load(std::memory_order_acquire) != 0) return ShrankError(field);
+absl::Status ShmRegion::Intact(const std::string& field, int64_t end) const {
+  struct stat info;
+  if (g_slots[slot_].faulted.load(std::memory_order_acquire) != 0 || fstat(fd_, &info) != 0 ||
+      static_cast<int64_t>(info.st_size) < end) {
+    return ShrankError(field);
+  }
   return absl::OkStatus();
 }
 

@@ -52,6 +52,8 @@ class ShmRegion final {
   ShmRegion& operator=(const ShmRegion&) = delete;
 
   int64_t byte_size() const { return byte_size_; }
+  // The whole mapping: for pinning it (cudaHostRegister); reads go through Slice.
+  const void* data() const { return data_; }
   const std::string& name() const { return name_; }
 
   // Bytes [offset, offset + bytes) of the region, in place; the range must lie within
@@ -59,9 +61,11 @@ class ShmRegion final {
   // already smaller than the range, or an earlier read of it faulted.
   absl::StatusOr<const void*> Slice(int64_t offset, int64_t bytes, const std::string& field) const;
 
-  // After the reads: OK when no read of this region has faulted since it was opened (what was
-  // read is the object's content); else FAILED_PRECONDITION naming `field`.
-  absl::Status Intact(const std::string& field) const;
+  // After the reads of bytes [.., end): OK when no read of this region has faulted since it
+  // was opened and the object still holds `end` bytes (what was read is the object's
+  // content); else FAILED_PRECONDITION naming `field`. The size check covers reads that
+  // cannot fault: a device's DMA from the pinned mapping reads the old pages after a shrink.
+  absl::Status Intact(const std::string& field, int64_t end) const;
 
   // Regions mapped at once, process-wide (the SIGBUS handler's table).
   static constexpr int kMaxMappings = 4096;

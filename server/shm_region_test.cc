@@ -46,7 +46,7 @@ TEST(ShmRegion, ReadsInPlace) {
   auto slice = (*region)->Slice(4096, 100, "logits.buffer");
   ASSERT_TRUE(slice.ok());
   EXPECT_EQ(static_cast<const unsigned char*>(*slice)[99], 0x5A);
-  EXPECT_TRUE((*region)->Intact("logits.buffer").ok());
+  EXPECT_TRUE((*region)->Intact("logits.buffer", 4096 + 100).ok());
 }
 
 // The object shrinks after the step took its slice, while the step reads it: the read sees
@@ -65,7 +65,7 @@ TEST(ShmRegion, TruncatedDuringTheReadFailsTheStepNotTheProcess) {
   EXPECT_EQ(bytes[100], 0x5A);       // still in the object
   EXPECT_EQ(bytes[5 * 4096], 0x00);  // gone: a zero page, not SIGBUS
   EXPECT_EQ(bytes[kBytes - 1], 0x00);
-  const absl::Status intact = (*region)->Intact("logits.buffer");
+  const absl::Status intact = (*region)->Intact("logits.buffer", kBytes);
   EXPECT_EQ(intact.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(intact.message()), HasSubstr("logits.buffer: shared-memory object"));
   EXPECT_THAT(std::string(intact.message()), HasSubstr("shrank to 8192 bytes"));
@@ -85,6 +85,21 @@ TEST(ShmRegion, TruncatedBeforeTheReadIsRefused) {
   EXPECT_THAT(std::string(slice.status().message()), HasSubstr("shrank to 4096 bytes"));
 }
 
+// A shrink during a read that cannot fault (the CUDA backend's DMA from the pinned mapping
+// reads the old pages): no SIGBUS marks the region, so Intact's size check fails the step; a
+// read that ended inside what is left stays good.
+TEST(ShmRegion, ShrinkWithoutAFaultFailsTheStepThatReadPastTheNewEnd) {
+  ShmObject object("dma", 4 * 4096);
+  auto region = ShmRegion::Open(object.name(), 4 * 4096, {});
+  ASSERT_TRUE(region.ok());
+  ASSERT_TRUE((*region)->Slice(0, 4 * 4096, "logits.buffer").ok());
+  object.Truncate(2 * 4096);
+  const absl::Status intact = (*region)->Intact("logits.buffer", 4 * 4096);
+  EXPECT_EQ(intact.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(intact.message()), HasSubstr("shrank to 8192 bytes"));
+  EXPECT_TRUE((*region)->Intact("logits.buffer", 2 * 4096).ok());
+}
+
 // Other regions are untouched by one region's fault; closed regions free their slot.
 TEST(ShmRegion, FaultsStayWithTheirRegion) {
   ShmObject a("a", 4 * 4096), b("b", 4 * 4096);
@@ -94,8 +109,8 @@ TEST(ShmRegion, FaultsStayWithTheirRegion) {
   const volatile unsigned char* pa = static_cast<const unsigned char*>(*(*ra)->Slice(0, 4 * 4096, "a"));
   a.Truncate(0);
   EXPECT_EQ(pa[3 * 4096], 0);
-  EXPECT_FALSE((*ra)->Intact("a").ok());
-  EXPECT_TRUE((*rb)->Intact("b").ok());
+  EXPECT_FALSE((*ra)->Intact("a", 4 * 4096).ok());
+  EXPECT_TRUE((*rb)->Intact("b", 4 * 4096).ok());
   for (int i = 0; i < 2 * ShmRegion::kMaxMappings / 1000; ++i) {  // slots are reused
     ShmObject c("c" + std::to_string(i), 4096);
     EXPECT_TRUE(ShmRegion::Open(c.name(), 4096, {}).ok());
