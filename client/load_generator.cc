@@ -205,8 +205,18 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
   }
   std::vector<StreamResult> results(options.streams);
   std::vector<std::thread> threads;
+  // Each stream is one model worker: a connection of its own (16 workers are 16 processes,
+  // not 16 streams multiplexed on one connection).
+  std::vector<std::unique_ptr<SamplerClient>> clients;
+  ClientOptions own;
+  own.own_connection = true;
   for (int s = 0; s < options.streams; ++s) {
-    threads.emplace_back([&, s] { RunStream(options, s, **client, results[s]); });
+    auto connected = SamplerClient::Connect(options.target, own);
+    if (!connected.ok()) return connected.status();
+    clients.push_back(std::move(*connected));
+  }
+  for (int s = 0; s < options.streams; ++s) {
+    threads.emplace_back([&, s] { RunStream(options, s, *clients[s], results[s]); });
   }
   for (std::thread& t : threads) t.join();
   LoadReport report;

@@ -1,4 +1,5 @@
-// `samplerctl bench`: a load generator for a running samplerd. Each stream (a thread) sends
+// `samplerctl bench`: a load generator for a running samplerd. Each stream (a thread, with a
+// connection of its own, as a separate model worker process would have) sends
 // PREFILL steps of `rows` requests over V = `vocab` random fp32 logits, inline, through a
 // registered shm region or through a registered CUDA IPC region (logits in this process's GPU
 // memory, as a model worker's), unary or on one SampleStream, and records each step's latency.

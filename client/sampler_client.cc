@@ -29,6 +29,7 @@ absl::StatusOr<std::unique_ptr<SamplerClient>> SamplerClient::Connect(const std:
   const int max = static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX));
   args.SetMaxReceiveMessageSize(max);
   args.SetMaxSendMessageSize(max);
+  if (options.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   if (channel == nullptr) return absl::InvalidArgumentError(absl::StrCat("target: ", target));
   return std::unique_ptr<SamplerClient>(new SamplerClient(std::move(channel), options));

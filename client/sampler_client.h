@@ -29,6 +29,9 @@ namespace samplerd {
 struct ClientOptions {
   int64_t max_message_bytes = 256LL << 20;  // as the server's default
   std::chrono::milliseconds timeout{30000}; // per unary call
+  // A connection of this client's own, never shared with other clients of the same target
+  // in the process (gRPC shares one by default): as separate worker processes would have.
+  bool own_connection = false;
 };
 
 class SamplerClient final {

@@ -327,9 +327,20 @@ grpc::Status SamplerService::RegisterBuffer(grpc::ServerContext*,
   metrics_.SetRegisteredBuffers(registry_.Size());
   if (status.ok()) {
     // Registration's cost (opening, mapping, pinning) is paid once, here: logged.
-    spdlog::info("registered buffer '{}' ({} bytes, {}) in {} us", request->name(),
-                 request->byte_size(), v1::BufferKind_Name(request->kind()),
-                 Micros(Clock::now() - start));
+    const int64_t took_us = Micros(Clock::now() - start);
+    std::string pinning;
+    if (request->kind() == v1::HOST_SHM) {
+      for (const v1::BufferInfo& info : registry_.List()) {
+        if (info.name() != request->name()) continue;
+        if (info.pinned()) {
+          pinning = ", pinned";
+        } else if (!info.pin_error().empty()) {
+          pinning = ", not pinned: " + info.pin_error();
+        }
+      }
+    }
+    spdlog::info("registered buffer '{}' ({} bytes, {}{}) in {} us", request->name(),
+                 request->byte_size(), v1::BufferKind_Name(request->kind()), pinning, took_us);
   } else {
     spdlog::warn("RegisterBuffer '{}': {}", request->name(), status.ToString());
   }
