@@ -39,12 +39,12 @@ for streams in 4 16; do bench --steps=1000 --source=cuda_ipc --mode=stream --str
 for mode in unary stream; do bench --steps=300 --source=shm --mode=$mode; done
 bench --steps=300 --source=shm --mode=stream --streams=4
 bench --steps=100 --source=inline --mode=stream
-# The same 16 streams on a samplerd with one CUDA stream (steps one at a time on the device,
-# as before lanes): the baseline of the concurrency figure, in the same run.
+# The baseline of the concurrency figure, in the same run: the same 16 streams on a samplerd
+# with one CUDA stream (steps one at a time on the device, as before lanes).
 start serial --cuda_streams=1
 serial_pid=$!
 target=$(cat "$dir/serial.addr")
-bench --steps=1000 --source=cuda_ipc --mode=stream --streams=16
+echo -n "[--cuda_streams=1] "; bench --steps=1000 --source=cuda_ipc --mode=stream --streams=16
 kill -TERM $serial_pid; wait $serial_pid
 target=$(cat "$dir/gpu.addr")
 kill -TERM $gpu_pid; wait $gpu_pid; echo "samplerd exit $?"
