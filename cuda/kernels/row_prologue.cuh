@@ -72,8 +72,8 @@ static cudaError_t SetThisUnitsStageProbe(const StageProbe& probe) {
 // pass: NaN / +inf in a real column sets kRowNonFinite in *bad, the grammar mask (not for
 // prompt rows) makes removed tokens -inf, *m is the max and *mn the least finite value (+inf
 // if none); then the job's sparse penalties that fall in the chunk (one pushing a finite value
-// out of float32 sets kRowOverflow), and the extremes again. Per-thread partials: the caller
-// reduces *bad (or), *m and *mn over the block. Any block size.
+// out of float32 sets kRowOverflow), and the extremes again where one fell in the chunk.
+// Per-thread partials: the caller reduces *bad (or), *m and *mn over the block. Any block size.
 static __device__ void LoadChunk(const StepParams& p, const RowJob& job, const char* row, int lo, int n,
                           float* xs, int* bad_out, float* m_out, float* mn_out) {
   const bool use_mask = job.mask != nullptr && job.kind != kRowPrompt;
@@ -143,20 +143,25 @@ static __device__ void LoadChunk(const StepParams& p, const RowJob& job, const c
   }
   if (job.update_end > job.update_begin) {
     __syncthreads();
+    int touched = 0;
     for (int k = job.update_begin + threadIdx.x; k < job.update_end; k += blockDim.x) {
       const RowUpdate u = p.updates[k];
       if (u.token < lo || u.token >= lo + n) continue;
       bool left_range = false;
       xs[u.token - lo] = ApplyRowUpdate(xs[u.token - lo], u, &left_range);
       if (left_range) bad |= kRowOverflow;
+      touched = 1;
     }
-    __syncthreads();
-    m = kNegInf;  // updates move values: take the extremes again
-    mn = INFINITY;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const float v = xs[i];
-      m = fmaxf(m, v);
-      mn = fminf(mn, v == kNegInf ? INFINITY : v);
+    // Updates move values, so the chunk's extremes are taken again, but only where an update
+    // fell in this chunk: a row's few updates leave most of its chunks as they were loaded.
+    if (__syncthreads_or(touched)) {
+      m = kNegInf;
+      mn = INFINITY;
+      for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = xs[i];
+        m = fmaxf(m, v);
+        mn = fminf(mn, v == kNegInf ? INFINITY : v);
+      }
     }
   }
   *bad_out = bad;
