@@ -87,6 +87,10 @@ class StepResult:
         self.queue_us: int = msg.timing.queue_us
         self.compute_us: int = msg.timing.compute_us
         self.total_us: int = msg.timing.total_us
+        # Parts of the step: conversion and planning before the backend, and the device time
+        # of its kernels (0 on the CPU backend); compute_us - kernel_us is host work.
+        self.prepare_us: int = msg.timing.prepare_us
+        self.kernel_us: int = msg.timing.kernel_us
         self.proto = msg
         self._by_id: Dict[str, RequestResult] = {r.request_id: r for r in self.results}
 

@@ -63,6 +63,14 @@ def test_greedy_tokens_and_logprobs_match_numpy(client):
         np.testing.assert_allclose(r.top_logprobs[0], ref[i][order], atol=1e-5)
         tok = int(r.token_ids[0])
         assert math.isclose(float(r.logprobs[0]), ref[i][tok], abs_tol=1e-5)
+    # The step's timing parts: kernel time only on the CUDA backend, never more than compute.
+    info = client.server_info()
+    assert step.prepare_us >= 0 and step.compute_us >= 0
+    assert step.kernel_us <= step.compute_us + 1
+    if info.backend == "cpu":
+        assert step.kernel_us == 0
+    else:
+        assert step.kernel_us > 0
 
 
 def test_shm_region_gives_the_inline_answer(client):
