@@ -86,7 +86,7 @@ double MedianKernelUs(CudaBackend& gpu, const Step& step) {
       std::fprintf(stderr, "sample failed\n");
       std::exit(1);
     }
-    if (i >= 5) us.push_back(gpu.last_kernel_us());
+    if (i >= 5) us.push_back(result->kernel_us);
   }
   std::sort(us.begin(), us.end());
   return us[us.size() / 2];

@@ -244,7 +244,6 @@ struct CudaBackend::Impl {
   std::vector<std::unique_ptr<Lane>> lanes;
   absl::Mutex lanes_mu;
   std::vector<Lane*> free_lanes ABSL_GUARDED_BY(lanes_mu);
-  std::atomic<float> last_kernel_us{0.0f};
   // Benchmarks only (set between steps, read by the step's thread).
   std::atomic<bool> stage_timing{false};
   std::atomic<int> debug_flags{0};
@@ -430,7 +429,6 @@ CudaBackend::~CudaBackend() = default;
 BackendInfo CudaBackend::Info() const { return BackendInfo{"cuda", impl_->device_name}; }
 DraftPool& CudaBackend::draft_pool() { return impl_->pool; }
 int CudaBackend::max_concurrent_steps() const { return static_cast<int>(impl_->lanes.size()); }
-float CudaBackend::last_kernel_us() const { return impl_->last_kernel_us.load(); }
 void CudaBackend::set_stage_timing(bool on, int debug_flags) {
   impl_->stage_timing.store(on);
   impl_->debug_flags.store(debug_flags);
@@ -611,7 +609,6 @@ absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
     RETURN_IF_ERROR(
         impl.RunJobs(*lane, step, device_logits, jobs, begin, end, results, q_rows, &kernel_us));
   }
-  impl.last_kernel_us.store(kernel_us);
   result.kernel_us = kernel_us;
 
   // Outcomes of the sampled rows, and the prompt logprobs.

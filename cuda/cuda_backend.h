@@ -48,9 +48,6 @@ class CudaBackend final : public Backend {
 
   DraftPool& draft_pool() override;
 
-  // Kernel time of the last step to finish, in microseconds (CUDA events around the
-  // launches); each step's own is StepResult::kernel_us.
-  float last_kernel_us() const;
   // Benchmarks: record the kernels' stage times (ns since their start) of the next steps; needs
   // the instrumented kernels (link //cuda:cuda_backend_probed; the production backend's steps
   // then fail INTERNAL). `debug_flags`: the low byte is cuda::StageProbe::flags (timing
