@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -45,7 +46,7 @@ v1::SampleRequest MakeStep(const LoadOptions& options, int stream, int step) {
 struct StreamResult {
   absl::Status status;
   std::vector<double> latencies_us;
-  std::vector<double> compute_us, kernel_us, host_us, prepare_us;
+  std::vector<v1::StepTiming> timings;  // the server's, per measured step
   Clock::time_point first, last;  // start of the first measured step, end of the last
 };
 
@@ -116,17 +117,27 @@ void RunStream(const LoadOptions& options, int index, SamplerClient& client, Str
     out.last = Clock::now();
     if (step >= options.warmup) {
       out.latencies_us.push_back(us);
-      const v1::StepTiming& timing = response->timing();
-      out.compute_us.push_back(static_cast<double>(timing.compute_us()));
-      out.kernel_us.push_back(static_cast<double>(timing.kernel_us()));
-      out.host_us.push_back(static_cast<double>(timing.compute_us() - timing.kernel_us()));
-      out.prepare_us.push_back(static_cast<double>(timing.prepare_us()));
+      out.timings.push_back(response->timing());
     }
   }
   if (stream) out.status = stream->Close();
   if (options.source != Source::kInline && out.status.ok()) {
     out.status = client.UnregisterBuffer(buffer_name);
   }
+}
+
+// Latencies in microseconds of `warmup + steps` calls of `call`, the warm-up ones left out.
+absl::StatusOr<std::vector<double>> TimeCalls(const LoadOptions& options,
+                                              const std::function<absl::Status(int)>& call) {
+  std::vector<double> us;
+  for (int i = 0; i < options.warmup + options.steps; ++i) {
+    const Clock::time_point start = Clock::now();
+    RETURN_IF_ERROR(call(i));
+    if (i >= options.warmup) {
+      us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+    }
+  }
+  return us;
 }
 
 double Percentile(std::vector<double> v, double q) {
@@ -165,42 +176,33 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
   auto client = SamplerClient::Connect(options.target);
   if (!client.ok()) return client.status();
   // The floor first: the smallest unary call the server answers, on the same channel.
-  std::vector<double> floor;
-  for (int i = 0; i < options.warmup + options.steps; ++i) {
-    const Clock::time_point start = Clock::now();
-    auto serving = (*client)->IsServing();
-    if (!serving.ok()) return serving.status();
-    if (i >= options.warmup) {
-      floor.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
-    }
-  }
+  auto floor = TimeCalls(options, [&](int) { return (*client)->IsServing().status(); });
+  if (!floor.ok()) return floor.status();
   std::vector<double> stream_floor;
   if (options.streaming) {
     auto stream = (*client)->OpenStream();
     if (!stream.ok()) return stream.status();
-    for (int i = 0; i < options.warmup + options.steps; ++i) {
-      // The smallest step the server answers: no requests, one logit (inline).
-      v1::SampleRequest empty;
+    // The smallest step the server answers: no requests, one logit (inline).
+    v1::SampleRequest empty;
+    empty.mutable_inputs()->set_kind(v1::PREFILL);
+    empty.mutable_inputs()->set_vocab_size(1);
+    v1::Tensor* one = empty.mutable_logits();
+    one->set_dtype(v1::FLOAT32);
+    one->set_rows(1);
+    one->set_cols(1);
+    one->set_data(std::string(4, '\0'));
+    auto timed = TimeCalls(options, [&](int i) -> absl::Status {
       empty.set_step_id(static_cast<uint64_t>(i));
-      empty.mutable_inputs()->set_kind(v1::PREFILL);
-      empty.mutable_inputs()->set_vocab_size(1);
-      v1::Tensor* one = empty.mutable_logits();
-      one->set_dtype(v1::FLOAT32);
-      one->set_rows(1);
-      one->set_cols(1);
-      one->set_data(std::string(4, '\0'));
-      const Clock::time_point start = Clock::now();
       auto response = (*stream)->Step(empty);
       if (!response.ok()) return response.status();
       if (response->has_error()) {
         return absl::InternalError(absl::StrCat("the stream floor's empty step failed: ",
                                                 response->error().message()));
       }
-      if (i >= options.warmup) {
-        stream_floor.push_back(
-            std::chrono::duration<double, std::micro>(Clock::now() - start).count());
-      }
-    }
+      return absl::OkStatus();
+    });
+    if (!timed.ok()) return timed.status();
+    stream_floor = std::move(*timed);
     RETURN_IF_ERROR((*stream)->Close());
   }
   std::vector<StreamResult> results(options.streams);
@@ -227,10 +229,12 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
     first = std::min(first, r.first);
     last = std::max(last, r.last);
     all.insert(all.end(), r.latencies_us.begin(), r.latencies_us.end());
-    compute.insert(compute.end(), r.compute_us.begin(), r.compute_us.end());
-    kernel.insert(kernel.end(), r.kernel_us.begin(), r.kernel_us.end());
-    host.insert(host.end(), r.host_us.begin(), r.host_us.end());
-    prepare.insert(prepare.end(), r.prepare_us.begin(), r.prepare_us.end());
+    for (const v1::StepTiming& t : r.timings) {
+      compute.push_back(static_cast<double>(t.compute_us()));
+      kernel.push_back(static_cast<double>(t.kernel_us()));
+      host.push_back(static_cast<double>(t.compute_us() - t.kernel_us()));
+      prepare.push_back(static_cast<double>(t.prepare_us()));
+    }
   }
   report.seconds = std::chrono::duration<double>(last - first).count();
   report.steps = static_cast<int64_t>(all.size());
@@ -241,8 +245,8 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
   report.server_kernel_p50_us = Percentile(kernel, 0.50);
   report.server_host_p50_us = Percentile(host, 0.50);
   report.server_prepare_p50_us = Percentile(prepare, 0.50);
-  report.floor_p50_us = Percentile(floor, 0.50);
-  report.floor_p99_us = Percentile(floor, 0.99);
+  report.floor_p50_us = Percentile(*floor, 0.50);
+  report.floor_p99_us = Percentile(*floor, 0.99);
   report.stream_floor_p50_us = Percentile(stream_floor, 0.50);
   report.stream_floor_p99_us = Percentile(stream_floor, 0.99);
   return report;

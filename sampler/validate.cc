@@ -198,13 +198,11 @@ absl::Status PlanAdjustments(const SamplingParams& params, int32_t vocab_size,
       !status.ok()) {
     return status;
   }
-  const std::string field = params.bad_words.empty() && params.logit_bias.empty() &&
-                                    params.allowed_token_ids.empty()
-                                ? std::string()
-                                : absl::StrCat(request_field, ".params");
+  // The params' field, built only for an error.
+  auto field = [&] { return absl::StrCat(request_field, ".params"); };
   for (size_t w = 0; w < params.bad_words.size(); ++w) {
-    if (auto status = CheckTokenIds(params.bad_words[w], vocab_size, false,
-                                    absl::StrCat(field, ".bad_words[", w, "].token_ids"));
+    if (auto status = CheckTokenIds(params.bad_words[w], vocab_size, false, request_field,
+                                    absl::StrCat(".params.bad_words[", w, "].token_ids"));
         !status.ok()) {
       return status;
     }
@@ -212,7 +210,7 @@ absl::Status PlanAdjustments(const SamplingParams& params, int32_t vocab_size,
   TokenAdjustments& adj = plan.adjustments;
   for (const auto& [token, bias] : params.logit_bias) {
     if (token < 0 || token >= vocab_size) {
-      return Invalid(absl::StrCat(field, ".logit_bias[", token, "]"),
+      return Invalid(absl::StrCat(field(), ".logit_bias[", token, "]"),
                      absl::StrCat("token id ", token, " is outside [0, vocab_size = ", vocab_size,
                                   ")"));
     }
@@ -221,7 +219,7 @@ absl::Status PlanAdjustments(const SamplingParams& params, int32_t vocab_size,
   std::sort(adj.logit_bias.begin(), adj.logit_bias.end());
   for (size_t i = 1; i < adj.logit_bias.size(); ++i) {
     if (adj.logit_bias[i].first == adj.logit_bias[i - 1].first) {
-      return Invalid(absl::StrCat(field, ".logit_bias[", adj.logit_bias[i].first, "]"),
+      return Invalid(absl::StrCat(field(), ".logit_bias[", adj.logit_bias[i].first, "]"),
                      "names the token twice");
     }
   }
@@ -239,7 +237,7 @@ absl::Status PlanAdjustments(const SamplingParams& params, int32_t vocab_size,
   const int64_t need = masks * static_cast<int64_t>(bytes);  // <= (rows + 1) * 512 KiB
   if (need > limits.max_step_mask_bytes - *step_mask_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        field, ".allowed_token_ids: the step's allowed-token masks would take more than the "
+        field(), ".allowed_token_ids: the step's allowed-token masks would take more than the "
         "server's ", limits.max_step_mask_bytes, " bytes (", masks, " masks of ", bytes,
         " bytes here)"));
   }

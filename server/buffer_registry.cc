@@ -8,7 +8,7 @@
 
 namespace samplerd {
 
-absl::Status BufferRegistry::Register(const v1::RegisterBufferRequest& request) {
+absl::StatusOr<v1::BufferInfo> BufferRegistry::Register(const v1::RegisterBufferRequest& request) {
   if (request.name().empty()) return absl::InvalidArgumentError("name: required");
   if (request.byte_size() <= 0) {
     return absl::InvalidArgumentError(
@@ -71,8 +71,9 @@ absl::Status BufferRegistry::Register(const v1::RegisterBufferRequest& request) 
     return absl::ResourceExhaustedError(
         absl::StrCat("name: ", max_buffers_, " buffers are registered, the server's limit"));
   }
+  v1::BufferInfo info = region->info;
   regions_.emplace(request.name(), std::move(region));
-  return absl::OkStatus();
+  return info;
 }
 
 absl::Status BufferRegistry::Unregister(const std::string& name) {

@@ -41,8 +41,9 @@ class BufferRegistry final : public LogitsSourceResolver {
   // Errors: INVALID_ARGUMENT (empty name, bad kind, bad handle or size), ALREADY_EXISTS,
   // NOT_FOUND (no such shm object), PERMISSION_DENIED (an shm object no allowed uid owns),
   // FAILED_PRECONDITION (object too small or not a regular file; CUDA_IPC without the CUDA
-  // backend), RESOURCE_EXHAUSTED (too many regions).
-  absl::Status Register(const v1::RegisterBufferRequest& request);
+  // backend), RESOURCE_EXHAUSTED (too many regions). Returns the region as List shows it
+  // (pinned or why not, for HOST_SHM on the CUDA backend).
+  absl::StatusOr<v1::BufferInfo> Register(const v1::RegisterBufferRequest& request);
   // Removes `name`; its memory stays mapped until the last step reading it finishes.
   // NOT_FOUND for an unknown name.
   absl::Status Unregister(const std::string& name);

@@ -323,28 +323,23 @@ grpc::Status SamplerService::RegisterBuffer(grpc::ServerContext*,
                                             const v1::RegisterBufferRequest* request,
                                             v1::RegisterBufferResponse*) {
   const Clock::time_point start = Clock::now();
-  const absl::Status status = registry_.Register(*request);
+  const absl::StatusOr<v1::BufferInfo> registered = registry_.Register(*request);
   metrics_.SetRegisteredBuffers(registry_.Size());
-  if (status.ok()) {
-    // Registration's cost (opening, mapping, pinning) is paid once, here: logged.
-    const int64_t took_us = Micros(Clock::now() - start);
-    std::string pinning;
-    if (request->kind() == v1::HOST_SHM) {
-      for (const v1::BufferInfo& info : registry_.List()) {
-        if (info.name() != request->name()) continue;
-        if (info.pinned()) {
-          pinning = ", pinned";
-        } else if (!info.pin_error().empty()) {
-          pinning = ", not pinned: " + info.pin_error();
-        }
-      }
-    }
-    spdlog::info("registered buffer '{}' ({} bytes, {}{}) in {} us", request->name(),
-                 request->byte_size(), v1::BufferKind_Name(request->kind()), pinning, took_us);
-  } else {
-    spdlog::warn("RegisterBuffer '{}': {}", request->name(), status.ToString());
+  if (!registered.ok()) {
+    spdlog::warn("RegisterBuffer '{}': {}", request->name(), registered.status().ToString());
+    return ToGrpcStatus(registered.status());
   }
-  return ToGrpcStatus(status);
+  // Registration's cost (opening, mapping, pinning) is paid once, here: logged.
+  std::string pinning;
+  if (registered->pinned()) {
+    pinning = ", pinned";
+  } else if (!registered->pin_error().empty()) {
+    pinning = ", not pinned: " + registered->pin_error();
+  }
+  spdlog::info("registered buffer '{}' ({} bytes, {}{}) in {} us", request->name(),
+               request->byte_size(), v1::BufferKind_Name(request->kind()), pinning,
+               Micros(Clock::now() - start));
+  return grpc::Status::OK;
 }
 
 grpc::Status SamplerService::UnregisterBuffer(grpc::ServerContext*,

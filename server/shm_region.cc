@@ -175,12 +175,9 @@ absl::Status ShmRegion::ShrankError(const std::string& field) const {
 
 absl::StatusOr<const void*> ShmRegion::Slice(int64_t offset, int64_t bytes,
                                              const std::string& field) const {
-  // One fstat a step finds a shrink before any read; a shrink during the read is Intact's.
-  struct stat info;
-  if (g_slots[slot_].faulted.load(std::memory_order_acquire) != 0 || fstat(fd_, &info) != 0 ||
-      static_cast<int64_t>(info.st_size) < offset + bytes) {
-    return ShrankError(field);
-  }
+  // The same check before any read finds a shrink at once; one during the read is Intact's
+  // after it.
+  if (absl::Status intact = Intact(field, offset + bytes); !intact.ok()) return intact;
   return static_cast<const void*>(static_cast<const char*>(data_) + offset);
 }
 

@@ -16,7 +16,7 @@
 //                    ShmRegion::Open("/worker0-logits", size, options));
 //   ASSIGN_OR_RETURN(const void* bytes, region->Slice(offset, n, "logits.buffer"));
 //   ... read bytes ...
-//   RETURN_IF_ERROR(region->Intact("logits.buffer"));  // what was read is what the worker wrote
+//   RETURN_IF_ERROR(region->Intact("logits.buffer", offset + n));  // read what was written
 #ifndef SAMPLERD_SERVER_SHM_REGION_H_
 #define SAMPLERD_SERVER_SHM_REGION_H_
 
