@@ -22,20 +22,15 @@ __global__ void __launch_bounds__(kPrepareThreads) PrepareRowsKernel(StepParams 
   const void* row = static_cast<const char*>(p.logits) +
                     static_cast<int64_t>(job.logits_row) * p.row_stride * elem;
   float* x = p.workspace + static_cast<int64_t>(job_index) * V;
-  const bool use_mask = job.mask != nullptr && job.kind != kRowPrompt;
-  float local_max = kNegInf;
-  int bad = 0;
+  const unsigned char* mask = RowMask(job);
+  LoadStats st;
   for (int c = begin + threadIdx.x; c < end; c += kPrepareThreads) {
-    float v = LoadLogit(row, p.dtype, c);
-    bad |= !(v < INFINITY);  // NaN or +inf in a real column
-    if (use_mask && !MaskAllows(job.mask, c)) v = kNegInf;
-    x[c] = v;
-    local_max = fmaxf(local_max, v);
+    x[c] = st.Admit(LoadLogit(row, p.dtype, c), mask, c);
   }
   __shared__ float scratch_f[32];
   __shared__ int scratch_i[32];
-  local_max = BlockReduce(local_max, MaxOp(), scratch_f);
-  bad = BlockReduce(bad, MaxOp(), scratch_i);
+  const float local_max = BlockReduce(st.m, MaxOp(), scratch_f);
+  const int bad = BlockReduce(st.bad, OrOp(), scratch_i);
   if (threadIdx.x == 0) {
     if (bad) atomicOr(reinterpret_cast<int*>(&p.results[job_index].status), kRowNonFinite);
     atomicMax(&p.row_max[job_index], OrderKey(local_max));  // max is order-independent

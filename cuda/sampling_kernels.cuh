@@ -49,6 +49,23 @@ __device__ __forceinline__ float LoadLogit(const void* row, LogitsDType dtype, i
   }
 }
 
+// Eight bf16 / fp16 logits from one 16-byte load, in memory order.
+__device__ __forceinline__ void Unpack16(const uint4& v, LogitsDType dtype, float (&out)[8]) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const uint16_t lo16 = static_cast<uint16_t>(words[w] & 0xFFFFu);
+    const uint16_t hi16 = static_cast<uint16_t>(words[w] >> 16);
+    if (dtype == kBF16) {
+      out[2 * w] = __uint_as_float(static_cast<uint32_t>(lo16) << 16);
+      out[2 * w + 1] = __uint_as_float(static_cast<uint32_t>(hi16) << 16);
+    } else {
+      out[2 * w] = __half2float(__ushort_as_half(lo16));
+      out[2 * w + 1] = __half2float(__ushort_as_half(hi16));
+    }
+  }
+}
+
 __device__ __forceinline__ unsigned long long ToMass(double p) {
   return __double2ull_rn(p * kMassScale);
 }

@@ -13,8 +13,9 @@ namespace detail {
 // The split path, for rows with a small top-k (1 <= top_k <= kSplitMaxK, SplitPathEligible):
 // the kept set, and so every output, lies among the row's top_k tokens in the order (s desc,
 // id asc). The row is cut into chunks of kSplitChunk tokens, one independent block each: it
-// reads its chunk once into shared memory and leaves the chunk's max of x, its Z partial and
-// its own top_k tokens, exactly, in the split scratch. The last of a row's chunk blocks to
+// reads its chunk once into registers and leaves the chunk's max of x, its Z partial and the
+// tokens at or above a threshold that keeps its own top_k (unranked; ranked down to its top_k
+// only when they overflow the list) in the split scratch. The last of a row's chunk blocks to
 // finish (an arrival counter per row) then merges the chunks' lists (the row's top_k is among
 // their union) and runs FinishCandidates, in the same launch: no second launch to wait for,
 // and rows finish while other rows' chunks still stream. No cluster and no resident row: many
@@ -36,13 +37,13 @@ struct SplitPartial {
   float min_x;    // the chunk's least finite x (+inf: nothing finite in it)
   float z;        // sum over the chunk of exp2((x - max_x) * log2(e) / T)
   int32_t bad;    // RowStatus bits: NaN / +inf in a real column, a penalty overflow
-  int32_t count;  // tokens listed (min(top_k, finite tokens)), or -1: the list overflowed
+  int32_t count;  // tokens listed (a superset of the chunk's top_k), or -1: a flat chunk
 };
 
 // Where each split job's partials and lists live in p.split_scratch (SplitScratchBytes).
 struct SplitLayout {
   SplitPartial* partials;  // [num_split][chunks]
-  float* cand_s;           // [num_split][chunks][kSplitMaxK], s = x / T, in order
+  float* cand_s;           // [num_split][chunks][kSplitMaxK], s = x / T, in any order
   int32_t* cand_id;        // the same, token ids
   int chunks;
   __device__ explicit SplitLayout(const StepParams& p) {
@@ -99,7 +100,7 @@ __device__ void RankAmong(int n, At at, Emit emit) {
 // A block is a chunk first and, if it is its row's last, the row's finisher: the two phases
 // share one piece of shared memory.
 struct SplitChunkSmem {
-  __align__(16) float xs[kSplitChunk];
+  __align__(16) float xs[kSplitChunk];  // the chunk, only to apply its token updates
   float coll_s[kSplitCapacity];
   int coll_id[kSplitCapacity];
 };
@@ -209,14 +210,14 @@ static __device__ __noinline__ void SplitFinishRow(const StepParams& p, int spli
     SampleRowGeneral(p, j, sh);
     return;
   }
-  // The union of the chunks' lists (at most C * K <= 2048: SplitPathEligible), keys in
+  // The union of the chunks' lists (at most C * SplitListCapacity(C) <= 2048), keys in
   // sh.cand_key and ids in sh.cum's storage (free until FinishCandidates).
   const int listed = row_listed;
   float* u_s = sh.cand_key;
   int* u_id = reinterpret_cast<int*>(sh.cum);
   int* survivors = u_id + kCandidateCapacity;
-  for (int e = threadIdx.x; e < C * K; e += blockDim.x) {
-    const int c = e / K, i = e % K;
+  for (int e = threadIdx.x; e < C * kSplitMaxK; e += blockDim.x) {
+    const int c = e / kSplitMaxK, i = e % kSplitMaxK;
     if (i < fs.list_count[c]) {
       const int64_t from = (static_cast<int64_t>(split_index) * C + c) * kSplitMaxK + i;
       u_s[fs.list_base[c] + i] = __ldcg(layout.cand_s + from);
@@ -314,108 +315,251 @@ static __device__ __noinline__ void SplitFinishRow(const StepParams& p, int spli
   stage(17);
 }
 
+// The chunk's values live in registers: thread t's r-th value is token lo + ChunkColumn<G>(r),
+// G consecutive tokens (one 16-byte load: G = 4 fp32 or 8 bf16 / fp16) from the groups t,
+// t + 256, ...: coalesced, and an order that depends on V only. One read of the logits feeds
+// the extremes, Z and the collection without a pass over shared memory.
+constexpr int kChunkValues = kSplitChunk / kSplitThreads;  // 32 a thread
+template <int G>
+__device__ __forceinline__ int ChunkColumn(int r) {
+  return G * (static_cast<int>(threadIdx.x) + kSplitThreads * (r / G)) + r % G;
+}
+
+// The most tokens a chunk lists unranked (their union must fit the finisher's candidates;
+// SplitPathEligible keeps chunks * top_k <= kCandidateCapacity, so this is >= top_k).
+__device__ __forceinline__ int SplitListCapacity(int chunks) {
+  return min(kSplitMaxK, kCandidateCapacity / chunks);
+}
+
+// One chunk of one split job: its row, its tokens [lo, lo + n) and its scratch slot.
+struct SplitItem {
+  int split_index, chunk, j, lo, n;
+  const char* row;
+  int64_t slot;
+  __device__ SplitItem(const StepParams& p, int item, int chunks) {
+    split_index = item / chunks;
+    chunk = item % chunks;
+    j = p.split_jobs[split_index];
+    lo = chunk * kSplitChunk;
+    n = min(p.vocab_size, lo + kSplitChunk) - lo;
+    const int elem = p.dtype == kF32 ? 4 : 2;
+    row = static_cast<const char*>(p.logits) +
+          static_cast<int64_t>(p.jobs[j].logits_row) * p.row_stride * elem;
+    slot = static_cast<int64_t>(split_index) * chunks + chunk;
+  }
+};
+
+// Loads tokens [lo, lo + n) of a job's row into x (tokens at or past n: -inf, never read) and
+// admits them (LoadStats::Admit). All of a thread's loads are issued before the first is used.
+template <int G>
+__device__ __forceinline__ void LoadChunkValues(const StepParams& p, const RowJob& job, const char* row,
+                                                int lo, int n, float (&x)[kChunkValues], LoadStats* st) {
+  const bool vector = reinterpret_cast<uintptr_t>(row) % 16 == 0;  // lo is a multiple of 8192
+  constexpr int kElem = 16 / G;  // bytes a token
+#pragma unroll
+  for (int k = 0; k < kChunkValues / G; ++k) {
+    const int c0 = ChunkColumn<G>(k * G);
+    if (vector && c0 + G <= n) {
+      const void* at = row + static_cast<int64_t>(lo + c0) * kElem;
+      if (G == 4) {
+        const float4 v = *static_cast<const float4*>(at);
+        x[k * G] = v.x;
+        x[k * G + 1] = v.y;
+        x[k * G + 2] = v.z;
+        x[k * G + 3] = v.w;
+      } else {
+        float out[8];
+        Unpack16(*static_cast<const uint4*>(at), p.dtype, out);
+#pragma unroll
+        for (int w = 0; w < G; ++w) x[k * G + w] = out[w];
+      }
+    } else {
+#pragma unroll
+      for (int w = 0; w < G; ++w) x[k * G + w] = c0 + w < n ? LoadLogit(row, p.dtype, lo + c0 + w) : kNegInf;
+    }
+  }
+  const unsigned char* mask = RowMask(job);
+#pragma unroll
+  for (int r = 0; r < kChunkValues; ++r) {
+    const int c = ChunkColumn<G>(r);
+    if (c < n) x[r] = st->Admit(x[r], mask, lo + c);
+  }
+}
+
+// The job's token updates that fall in the chunk, on register-resident values: through the
+// chunk's shared memory (ApplyChunkUpdates), and back with the extremes taken again where an
+// update fell in the chunk. (Applying them in registers, each by the thread holding its token,
+// measured slower: +21% against +0% at R = 16 with gpu_bench's adjustments.)
+template <int G>
+__device__ void UpdateChunkValues(const StepParams& p, const RowJob& job, int lo, int n, float* xs,
+                                  float (&x)[kChunkValues], LoadStats* st) {
+#pragma unroll
+  for (int k = 0; k < kChunkValues / G; ++k) {
+#pragma unroll
+    for (int h = 0; h < G; h += 4) {
+      *reinterpret_cast<float4*>(xs + ChunkColumn<G>(k * G) + h) =
+          make_float4(x[k * G + h], x[k * G + h + 1], x[k * G + h + 2], x[k * G + h + 3]);
+    }
+  }
+  __syncthreads();
+  if (__syncthreads_or(ApplyChunkUpdates(p, job, lo, n, xs, st))) {
+    st->m = kNegInf;
+    st->mn = INFINITY;
+#pragma unroll
+    for (int r = 0; r < kChunkValues; ++r) {
+      x[r] = xs[ChunkColumn<G>(r)];
+      st->Extremes(x[r]);
+    }
+  }
+}
+
+// A chunk block (and, if it is its row's last, the row's finisher). Barriers: S1 publishes
+// each warp's extremes and its sorted thread maxima; S2 the chunk's threshold; S3 the
+// collected tokens. (A persistent grid looping over chunks, fetching the next one by cp.async
+// while working on the current, measured slower: 334 against 236 us at R = 384, the rows'
+// finishes landing unevenly on the blocks.)
+template <int G>
 __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKernel(StepParams p) {
   __shared__ __align__(16) SplitSmem smem;
-  __shared__ float thread_max[kSplitWarps];  // each warp's threshold
-  __shared__ float scratch_f[32];
-  __shared__ int scratch_i[32];
+  __shared__ float warp_m[kSplitWarps], warp_mn[kSplitWarps], warp_z[kSplitWarps];
+  __shared__ int warp_bad[kSplitWarps];
+  __shared__ float sorted_max[kSplitWarps][32];  // each warp's thread maxima, descending
   __shared__ int collected;
   __shared__ float threshold;
   __shared__ int last;
-  float* const xs = smem.chunk.xs;
   float* const coll_s = smem.chunk.coll_s;
   int* const coll_id = smem.chunk.coll_id;
-  const int split_index = blockIdx.y;
-  const int chunk = blockIdx.x;
-  const int j = p.split_jobs[split_index];
-  const RowJob job = p.jobs[j];
-  const int V = p.vocab_size;
-  const int lo = chunk * kSplitChunk;
-  const int n = min(V, lo + kSplitChunk) - lo;
-  const int elem = p.dtype == kF32 ? 4 : 2;
-  const char* row = static_cast<const char*>(p.logits) +
-                    static_cast<int64_t>(job.logits_row) * p.row_stride * elem;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const SplitLayout layout(p);
-  const int64_t slot = static_cast<int64_t>(split_index) * layout.chunks + chunk;
+  const SplitItem it(p, blockIdx.y * layout.chunks + blockIdx.x, layout.chunks);
+  const RowJob job = p.jobs[it.j];
   // Benchmarks: %globaltimer at stage ends of split job 0's chunk 0 (stage_times[9..14]).
-  const bool timed = ProbeTimes() != nullptr && split_index == 0 && chunk == 0;
+  const bool timed = ProbeTimes() != nullptr && it.slot == 0;
   auto stage = [&](int k) {
     if (timed && threadIdx.x == 0) ProbeTimes()[k] = GlobalTimer();
   };
   stage(9);
-  if (threadIdx.x == 0) collected = 0;
-  int bad;
-  float m, mn;
-  LoadChunk(p, job, row, lo, n, xs, &bad, &m, &mn);
+  if (threadIdx.x == 0) {
+    collected = 0;
+    threshold = kNegInf;  // no rank K - 1 below: a NaN row, which faults anyway
+  }
+  float x[kChunkValues];
+  LoadStats st;
+  LoadChunkValues<G>(p, job, it.row, it.lo, it.n, x, &st);
+  if (job.update_end > job.update_begin) UpdateChunkValues<G>(p, job, it.lo, it.n, smem.chunk.xs, x, &st);
   stage(10);
-  m = BlockReduce(m, MaxOp(), scratch_f);  // its first barrier publishes xs
-  mn = -BlockReduce(-mn, MaxOp(), scratch_f);
-  bad = BlockReduce(bad, OrOp(), scratch_i);
   const float T = job.temperature;
   const int K = job.top_k;
-  // Z's partial (exp2 of x * log2(e) / T: Z only feeds top-p and the logprobs' normaliser, within
-  // the CPU's 1e-5 tolerance) and each thread's max over its tokens t, t + 256, ...
-  const float scale = 1.4426950408889634f / T;
-  float tmax = kNegInf, z = 0.0f;
-  if (m != kNegInf) {
-    for (int i = threadIdx.x; i < n; i += kSplitThreads) {
-      const float v = xs[i];
-      tmax = fmaxf(tmax, v);
-      z += exp2f((v - m) * scale);
-    }
-  }
-  z = BlockReduce(z, SumOp(), scratch_f);
-  stage(11);
-  // A threshold t with at least K tokens of the chunk >= t: in every warp, the k-th largest of
-  // its 32 thread maxima (k = ceil(K / 8), ties by lane), then the least of the eight. Each
-  // warp has k threads, each holding a token >= its value >= t: 8k >= K tokens in all. Division
-  // by T is monotone, so every token of the chunk's top K by (s desc, id asc) has s >= t / T.
+  // Each warp's extremes and faults, and its 32 thread maxima sorted descending (bitonic, in
+  // registers): the chunk's threshold below is the K-th largest thread maximum.
   {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int k = (K + kSplitWarps - 1) / kSplitWarps;
-    int r = 0;
+    float m = st.m, mn = st.mn, a = st.m;
+    int bad = st.bad;
 #pragma unroll
-    for (int u = 0; u < 32; ++u) {
-      const float w = __shfl_sync(0xFFFFFFFFu, tmax, u);
-      r += w > tmax || (w == tmax && u < lane);
+    for (int o = 16; o > 0; o >>= 1) {
+      m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+      mn = fminf(mn, __shfl_xor_sync(0xFFFFFFFFu, mn, o));
+      bad |= __shfl_xor_sync(0xFFFFFFFFu, bad, o);
     }
-    if (r == k - 1) thread_max[warp] = tmax;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float t = thread_max[0];
-      for (int w = 1; w < kSplitWarps; ++w) t = fminf(t, thread_max[w]);
-      threshold = t;
+#pragma unroll
+    for (int k = 2; k <= 32; k <<= 1) {
+#pragma unroll
+      for (int h = k >> 1; h > 0; h >>= 1) {
+        const float other = __shfl_xor_sync(0xFFFFFFFFu, a, h);
+        a = ((lane & k) == 0) == ((lane & h) == 0) ? fmaxf(a, other) : fminf(a, other);
+      }
+    }
+    sorted_max[warp][lane] = a;
+    if (lane == 0) {
+      warp_m[warp] = m;
+      warp_mn[warp] = mn;
+      warp_bad[warp] = bad;
     }
   }
-  __syncthreads();
+  __syncthreads();  // S1
+  stage(11);
+  float m = warp_m[0], mn = warp_mn[0];
+  int bad = warp_bad[0];
+#pragma unroll
+  for (int w = 1; w < kSplitWarps; ++w) {
+    m = fmaxf(m, warp_m[w]);
+    mn = fminf(mn, warp_mn[w]);
+    bad |= warp_bad[w];
+  }
+  // Z's partial (exp2 of x * log2(e) / T: Z only feeds top-p and the logprobs' normaliser,
+  // within the CPU's 1e-5 tolerance): each thread's values in order, then a fixed tree.
+  const float scale = 1.4426950408889634f / T;
+  {
+    float z = 0.0f;
+    if (m != kNegInf) {
+#pragma unroll
+      for (int r = 0; r < kChunkValues; ++r) z += exp2f((x[r] - m) * scale);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xFFFFFFFFu, z, o);
+    if (lane == 0) warp_z[warp] = z;
+  }
+  // The threshold: the thread maximum of rank K - 1 among the block's 256 in the total order
+  // (value desc, warp asc, place in its warp's sorted list asc). The K threads ranked at or
+  // before it each hold a token >= it, so the chunk has at least K tokens >= it, and
+  // (division by T being monotone) every token of the chunk's top K by (s desc, id asc) has
+  // s >= it / T. Its rank: its place in its own warp's list plus, by binary search, the
+  // entries of each other warp's list ranked before it. (Tighter than the least of the
+  // warps' own thresholds: ~55 tokens collected for K = 50 on normal logits, not ~100.)
+  if (lane < K) {
+    const float a = sorted_max[warp][lane];
+    int rank = lane;
+#pragma unroll
+    for (int w = 0; w < kSplitWarps; ++w) {
+      if (w == warp) continue;
+      const float* list = sorted_max[w];
+      int before = 0;
+#pragma unroll
+      for (int step = 32; step > 0; step >>= 1) {
+        if (before + step <= 32) {
+          const float b = list[before + step - 1];
+          if (w < warp ? b >= a : b > a) before += step;
+        }
+      }
+      rank += before;
+    }
+    if (rank == K - 1) threshold = a;
+  }
+  __syncthreads();  // S2
   stage(12);
-  const float s_min = threshold / T;
-  // A cheap filter on x before the exact division: v / T >= s_min (both rounded) implies v is
-  // within a few ulps of the threshold or above it, so this margin loses nothing.
   const float t_x = threshold;
+  const float s_min = t_x / T;
+  // A cheap filter on x before the exact division: v / T >= s_min (both rounded) implies v
+  // is within a few ulps of the threshold or above it, so this margin loses nothing.
   const float x_lo = t_x == kNegInf ? kNegInf : t_x - fabsf(t_x) * 0x1.0p-20f - 1e-30f;
-  for (int i = threadIdx.x; i < n; i += kSplitThreads) {
-    const float v = xs[i];
+#pragma unroll
+  for (int r = 0; r < kChunkValues; ++r) {
+    const float v = x[r];
     if (!(v >= x_lo) || v == kNegInf) continue;
     const float sv = v / T;  // the exact score, as FinishCandidates and the CPU take it
     if (sv >= s_min) {
-      // Slots in any order: only ranks are kept. (Warp-aggregated ballots measured slower
-      // here: few threads of a warp take a token.)
-      const int at = atomicAdd(&collected, 1);
+      const int at = atomicAdd(&collected, 1);  // slots in any order: the finisher ranks
       if (at < kSplitCapacity) {
         coll_s[at] = sv;
-        coll_id[at] = lo + i;
+        coll_id[at] = it.lo + ChunkColumn<G>(r);
       }
     }
   }
-  __syncthreads();
+  __syncthreads();  // S3
   stage(13);
   const int nc = collected;
-  SplitPartial* part = layout.partials + slot;
+  int count;
   if (nc > kSplitCapacity) {
-    if (threadIdx.x == 0) *part = SplitPartial{m, mn, z, bad, -1};
+    count = -1;  // a flat chunk: the finisher runs the general algorithm on the row
+  } else if (nc <= SplitListCapacity(layout.chunks)) {
+    // The usual case: the collected tokens as they are (the finisher ranks the union).
+    for (int i = threadIdx.x; i < nc; i += kSplitThreads) {
+      layout.cand_s[it.slot * kSplitMaxK + i] = coll_s[i];
+      layout.cand_id[it.slot * kSplitMaxK + i] = coll_id[i];
+    }
+    count = nc;
   } else {
-    // The chunk's top K: each collected token's rank among the collected (a total order).
+    // More than the list holds: the chunk's top K, by each one's rank among the collected.
     RankAmong(
         nc,
         [&](int a, float* sa, int* ia) {
@@ -424,26 +568,32 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
         },
         [&](int a, int r) {
           if (r < K) {
-            layout.cand_s[slot * kSplitMaxK + r] = coll_s[a];
-            layout.cand_id[slot * kSplitMaxK + r] = coll_id[a];
+            layout.cand_s[it.slot * kSplitMaxK + r] = coll_s[a];
+            layout.cand_id[it.slot * kSplitMaxK + r] = coll_id[a];
           }
         });
-    if (threadIdx.x == 0) *part = SplitPartial{m, mn, z, bad, min(nc, K)};
+    count = K;
+  }
+  if (threadIdx.x == 0) {
+    float z = warp_z[0];
+    for (int w = 1; w < kSplitWarps; ++w) z += warp_z[w];
+    layout.partials[it.slot] = SplitPartial{m, mn, z, bad, count};
   }
   stage(14);
-  // Arrival: every thread's writes reach the device before thread 0 counts this chunk in (the
-  // threadfence-reduction pattern); the row's last arrival finishes it and re-arms the counter
-  // for the next launch.
+  // Arrival: every thread's writes reach the device before thread 0 counts this chunk in
+  // (the threadfence-reduction pattern); the row's last arrival finishes it and re-arms the
+  // counter for the next launch.
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    last = atomicAdd(&p.split_arrivals[split_index], 1u) == static_cast<unsigned int>(layout.chunks - 1);
+    last = atomicAdd(&p.split_arrivals[it.split_index], 1u) ==
+           static_cast<unsigned int>(layout.chunks - 1);
   }
   __syncthreads();
   if (!last) return;
   __threadfence();
-  if (threadIdx.x == 0) p.split_arrivals[split_index] = 0;
-  SplitFinishRow(p, split_index, smem.finish);
+  if (threadIdx.x == 0) p.split_arrivals[it.split_index] = 0;
+  SplitFinishRow(p, it.split_index, smem.finish);
 }
 
 }  // namespace detail
@@ -457,7 +607,11 @@ size_t SplitScratchBytes(int32_t num_split, int32_t vocab_size) {
 cudaError_t LaunchSplitRows(const StepParams& params, cudaStream_t stream) {
   if (params.num_split == 0) return cudaSuccess;
   const dim3 grid((params.vocab_size + kSplitChunk - 1) / kSplitChunk, params.num_split);
-  detail::SplitRowKernel<<<grid, detail::kSplitThreads, 0, stream>>>(params);
+  if (params.dtype == kF32) {
+    detail::SplitRowKernel<4><<<grid, detail::kSplitThreads, 0, stream>>>(params);
+  } else {
+    detail::SplitRowKernel<8><<<grid, detail::kSplitThreads, 0, stream>>>(params);
+  }
   return cudaGetLastError();
 }
 

@@ -5,17 +5,21 @@
 # memory hazards). Prints one line per test and tool and "N clean, N with errors, N timed out";
 # exits non-zero on any error.
 #
-#   bash scripts/gpu_sanitize.sh [TOOLS] [SECONDS_PER_TEST]   # default "memcheck racecheck" 120
+#   bash scripts/gpu_sanitize.sh [TOOLS] [SECONDS_PER_TEST] [PATTERN]
+# defaults "memcheck racecheck", 120 s, every test; PATTERN (grep -E) keeps the binary:test pairs
+# that match it, e.g. 'Split|Bitwise|token_adjustments'.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source .device-pack/env.sh
 tools=${1:-memcheck racecheck}
 limit=${2:-120}
+pattern=${3:-.}
 cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 # binary:test pairs: every test of cuda_backend_test on its own, cuda_token_adjustments_test whole.
 tests=$(.device-pack/bin/cuda_backend_test --gtest_list_tests |
         awk '/^[^ ]/ {suite=$1} /^  / {print "cuda_backend_test:" suite $1}')
 tests="$tests cuda_token_adjustments_test:*"
+tests=$(tr ' ' '\n' <<< "$tests" | grep -E -- "$pattern" | tr '\n' ' ')
 clean=0; dirty=0; slow=0
 for tool in $tools; do
   for pair in $tests; do

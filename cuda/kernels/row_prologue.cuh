@@ -68,28 +68,58 @@ static cudaError_t SetThisUnitsStageProbe(const StageProbe& probe) {
 #endif
 }
 
-// Loads elements [lo, lo + n) of a job's logits row into xs (padding is never read) in one
-// pass: NaN / +inf in a real column sets kRowNonFinite in *bad, the grammar mask (not for
-// prompt rows) makes removed tokens -inf, *m is the max and *mn the least finite value (+inf
-// if none); then the job's sparse penalties that fall in the chunk (one pushing a finite value
-// out of float32 sets kRowOverflow), and the extremes again where one fell in the chunk.
-// Per-thread partials: the caller reduces *bad (or), *m and *mn over the block. Any block size.
-static __device__ void LoadChunk(const StepParams& p, const RowJob& job, const char* row, int lo, int n,
-                          float* xs, int* bad_out, float* m_out, float* mn_out) {
-  const bool use_mask = job.mask != nullptr && job.kind != kRowPrompt;
+// SPEC 3 steps 1-2a on one loaded logit v of token c, and what a load must find on the way:
+// NaN / +inf in a real column (kRowNonFinite in `bad`), the max `m` and the least finite value
+// `mn` (+inf if none) of x. `mask` is the job's grammar mask where it applies (null: none;
+// never for prompt rows: RowMask). Per-thread partials: the caller reduces them over the block.
+struct LoadStats {
   int bad = 0;
   float m = kNegInf, mn = INFINITY;
-  // x of token lo + i from its logit v (the mask, NaN / +inf, the max and the least finite
-  // value on the way).
-  auto admitted = [&](int i, float v) {
+  __device__ __forceinline__ float Admit(float v, const unsigned char* mask, int c) {
     bad |= !(v < INFINITY) ? kRowNonFinite : 0;
-    const int c = lo + i;
-    if (use_mask && !MaskAllows(job.mask, c)) v = kNegInf;
+    if (mask != nullptr && !MaskAllows(mask, c)) v = kNegInf;
+    Extremes(v);
+    return v;
+  }
+  __device__ __forceinline__ void Extremes(float v) {
     m = fmaxf(m, v);
     mn = fminf(mn, v == kNegInf ? INFINITY : v);
-    return v;
-  };
-  auto admit = [&](int i, float v) { xs[i] = admitted(i, v); };
+  }
+};
+
+// The grammar mask a job's load applies: prompt rows score the prompt as given (SPEC 3 step 1).
+__device__ __forceinline__ const unsigned char* RowMask(const RowJob& job) {
+  return job.kind == kRowPrompt ? nullptr : job.mask;
+}
+
+// The job's sparse token updates (SPEC 3 steps 2b-d and 3) that fall in tokens [lo, lo + n),
+// applied to xs (token lo + i at xs[i]); one pushing a finite value out of float32 sets
+// kRowOverflow in stats->bad. Returns whether this thread changed anything (the caller's
+// __syncthreads_or tells the block, which then takes the extremes again). The caller
+// synchronizes before (xs written) and after.
+static __device__ bool ApplyChunkUpdates(const StepParams& p, const RowJob& job, int lo, int n,
+                                         float* xs, LoadStats* stats) {
+  bool touched = false;
+  for (int k = job.update_begin + threadIdx.x; k < job.update_end; k += blockDim.x) {
+    const RowUpdate u = p.updates[k];
+    if (u.token < lo || u.token >= lo + n) continue;
+    bool left_range = false;
+    xs[u.token - lo] = ApplyRowUpdate(xs[u.token - lo], u, &left_range);
+    if (left_range) stats->bad |= kRowOverflow;
+    touched = true;
+  }
+  return touched;
+}
+
+// Loads elements [lo, lo + n) of a job's logits row into xs (padding is never read) in one
+// pass (LoadStats::Admit), then the job's updates that fall in the chunk, and the extremes
+// again where one did: a row's few updates leave most of its chunks as they were loaded.
+// Per-thread partials in *bad_out, *m_out, *mn_out. Any block size.
+static __device__ void LoadChunk(const StepParams& p, const RowJob& job, const char* row, int lo, int n,
+                          float* xs, int* bad_out, float* m_out, float* mn_out) {
+  const unsigned char* mask = RowMask(job);
+  LoadStats st;
+  auto admitted = [&](int i, float v) { return st.Admit(v, mask, lo + i); };
   // 16-byte loads, and 16-byte stores into xs: four scalar stores a thread would hit the same
   // shared-memory banks four ways.
   const bool xs_aligned = reinterpret_cast<uintptr_t>(xs) % 16 == 0;
@@ -106,67 +136,38 @@ static __device__ void LoadChunk(const StepParams& p, const RowJob& job, const c
                            admitted(4 * i + 2, v.z), admitted(4 * i + 3, v.w));
     }
     for (int i = 4 * n4 + threadIdx.x; i < n; i += blockDim.x) {
-      admit(i, reinterpret_cast<const float*>(row)[lo + i]);
+      xs[i] = admitted(i, reinterpret_cast<const float*>(row)[lo + i]);
     }
   } else if (p.dtype != kF32 && xs_aligned && (reinterpret_cast<uintptr_t>(row) % 16 == 0) &&
              (lo % 8 == 0)) {
     // 16-byte loads of eight bf16 / fp16 values.
-    const uint4* src = reinterpret_cast<const uint4*>(static_cast<const char*>(static_cast<const void*>(row)) + 2 * static_cast<int64_t>(lo));
+    const uint4* src = reinterpret_cast<const uint4*>(row + 2 * static_cast<int64_t>(lo));
     float4* dst = reinterpret_cast<float4*>(xs);
     const int n8 = n / 8;
 #pragma unroll 2
     for (int i = threadIdx.x; i < n8; i += blockDim.x) {
-      const uint4 v = src[i];
-      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
       float out[8];
+      Unpack16(src[i], p.dtype, out);
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const uint16_t lo16 = static_cast<uint16_t>(words[w] & 0xFFFFu);
-        const uint16_t hi16 = static_cast<uint16_t>(words[w] >> 16);
-        float a, b;
-        if (p.dtype == kBF16) {
-          a = __uint_as_float(static_cast<uint32_t>(lo16) << 16);
-          b = __uint_as_float(static_cast<uint32_t>(hi16) << 16);
-        } else {
-          a = __half2float(__ushort_as_half(lo16));
-          b = __half2float(__ushort_as_half(hi16));
-        }
-        out[2 * w] = admitted(8 * i + 2 * w, a);
-        out[2 * w + 1] = admitted(8 * i + 2 * w + 1, b);
-      }
+      for (int w = 0; w < 8; ++w) out[w] = admitted(8 * i + w, out[w]);
       dst[2 * i] = make_float4(out[0], out[1], out[2], out[3]);
       dst[2 * i + 1] = make_float4(out[4], out[5], out[6], out[7]);
     }
-    for (int i = 8 * n8 + threadIdx.x; i < n; i += blockDim.x) admit(i, LoadLogit(row, p.dtype, lo + i));
+    for (int i = 8 * n8 + threadIdx.x; i < n; i += blockDim.x) xs[i] = admitted(i, LoadLogit(row, p.dtype, lo + i));
   } else {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) admit(i, LoadLogit(row, p.dtype, lo + i));
+    for (int i = threadIdx.x; i < n; i += blockDim.x) xs[i] = admitted(i, LoadLogit(row, p.dtype, lo + i));
   }
   if (job.update_end > job.update_begin) {
     __syncthreads();
-    int touched = 0;
-    for (int k = job.update_begin + threadIdx.x; k < job.update_end; k += blockDim.x) {
-      const RowUpdate u = p.updates[k];
-      if (u.token < lo || u.token >= lo + n) continue;
-      bool left_range = false;
-      xs[u.token - lo] = ApplyRowUpdate(xs[u.token - lo], u, &left_range);
-      if (left_range) bad |= kRowOverflow;
-      touched = 1;
-    }
-    // Updates move values, so the chunk's extremes are taken again, but only where an update
-    // fell in this chunk: a row's few updates leave most of its chunks as they were loaded.
-    if (__syncthreads_or(touched)) {
-      m = kNegInf;
-      mn = INFINITY;
-      for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = xs[i];
-        m = fmaxf(m, v);
-        mn = fminf(mn, v == kNegInf ? INFINITY : v);
-      }
+    if (__syncthreads_or(ApplyChunkUpdates(p, job, lo, n, xs, &st))) {
+      st.m = kNegInf;
+      st.mn = INFINITY;
+      for (int i = threadIdx.x; i < n; i += blockDim.x) st.Extremes(xs[i]);
     }
   }
-  *bad_out = bad;
-  *m_out = m;
-  *mn_out = mn;
+  *bad_out = st.bad;
+  *m_out = st.m;
+  *mn_out = st.mn;
 }
 
 }  // namespace detail
