@@ -20,9 +20,9 @@ namespace detail {
 // their union) and runs FinishCandidates, in the same launch: no second launch to wait for,
 // and rows finish while other rows' chunks still stream. No cluster and no resident row: many
 // chunks are in flight on every SM, which the fused path (a row resident in a cluster through
-// a long chain of dependent passes) cannot have when R is large. A chunk whose candidates
-// overflow its list (a flat row: very many equal values) flags the row, and the finishing block
-// runs the general algorithm on it instead. Chunks, their order and every reduction depend on
+// a long chain of dependent passes) cannot have when R is large. A chunk with more than
+// kSplitCapacity tokens at or above its threshold (a flat row: very many equal values) flags
+// the row, and the finishing block runs the general algorithm on it instead. Chunks, their order and every reduction depend on
 // V only.
 
 constexpr int kSplitThreads = 256;
