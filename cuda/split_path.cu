@@ -43,15 +43,15 @@ struct SplitPartial {
 // Where each split job's partials and lists live in p.split_scratch (SplitScratchBytes).
 struct SplitLayout {
   SplitPartial* partials;  // [num_split][chunks]
-  float* cand_s;           // [num_split][chunks][kSplitMaxK], s = x / T, in any order
+  float* cand_x;           // [num_split][chunks][kSplitMaxK], x (the finisher takes s = x / T), any order
   int32_t* cand_id;        // the same, token ids
   int chunks;
   __device__ explicit SplitLayout(const StepParams& p) {
     chunks = (p.vocab_size + kSplitChunk - 1) / kSplitChunk;
     const int64_t slots = static_cast<int64_t>(p.num_split) * chunks;
     partials = static_cast<SplitPartial*>(p.split_scratch);
-    cand_s = reinterpret_cast<float*>(partials + slots);
-    cand_id = reinterpret_cast<int32_t*>(cand_s + slots * kSplitMaxK);
+    cand_x = reinterpret_cast<float*>(partials + slots);
+    cand_id = reinterpret_cast<int32_t*>(cand_x + slots * kSplitMaxK);
   }
 };
 
@@ -101,7 +101,7 @@ __device__ void RankAmong(int n, At at, Emit emit) {
 // share one piece of shared memory.
 struct SplitChunkSmem {
   __align__(16) float xs[kSplitChunk];  // the chunk, only to apply its token updates
-  float coll_s[kSplitCapacity];
+  float coll_x[kSplitCapacity];
   int coll_id[kSplitCapacity];
 };
 struct SplitFinishSmem {
@@ -220,7 +220,7 @@ static __device__ __noinline__ void SplitFinishRow(const StepParams& p, int spli
     const int c = e / kSplitMaxK, i = e % kSplitMaxK;
     if (i < fs.list_count[c]) {
       const int64_t from = (static_cast<int64_t>(split_index) * C + c) * kSplitMaxK + i;
-      u_s[fs.list_base[c] + i] = __ldcg(layout.cand_s + from);
+      u_s[fs.list_base[c] + i] = __ldcg(layout.cand_x + from) / T;  // s, as the CPU takes it
       u_id[fs.list_base[c] + i] = __ldcg(layout.cand_id + from);
     }
   }
@@ -340,6 +340,40 @@ __device__ __forceinline__ float Exp2Approx(float v) {
   return out;
 }
 
+// Bitonic merges in one warp's registers, for the chunk's threshold: the largest 64 of the
+// block's thread maxima, from each warp's 32 sorted descending. A sequence of 64 is held as
+// `hi` (elements 0-31, one a lane) and `lo` (32-63).
+struct Top64 {
+  float hi, lo;
+};
+
+// A bitonic sequence of 32 (one a lane), sorted descending: half-cleaners of stride 16 .. 1.
+__device__ __forceinline__ float BitonicMergeDesc32(float v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int h = 16; h > 0; h >>= 1) {
+    const float other = __shfl_xor_sync(0xFFFFFFFFu, v, h);
+    v = (lane & h) != 0 ? fminf(v, other) : fmaxf(v, other);
+  }
+  return v;
+}
+
+// Two descending 32-sequences a and b, merged descending: a followed by b reversed is bitonic;
+// its stride-32 half-cleaner puts the larger 32 in hi and the rest in lo, each bitonic.
+__device__ __forceinline__ Top64 Merge32(float a, float b) {
+  const float b_rev = __shfl_sync(0xFFFFFFFFu, b, 31 - (threadIdx.x & 31));
+  return Top64{BitonicMergeDesc32(fmaxf(a, b_rev)), BitonicMergeDesc32(fminf(a, b_rev))};
+}
+
+// The largest 64 of two descending 64-sequences, descending: element i is max(p[i], q[63 - i])
+// (a bitonic sequence holding the largest 64), then a bitonic merge of 64.
+__device__ __forceinline__ Top64 MergeTop64(Top64 p, Top64 q) {
+  const int mirror = 31 - (threadIdx.x & 31);
+  const float hi = fmaxf(p.hi, __shfl_sync(0xFFFFFFFFu, q.lo, mirror));
+  const float lo = fmaxf(p.lo, __shfl_sync(0xFFFFFFFFu, q.hi, mirror));
+  return Top64{BitonicMergeDesc32(fmaxf(hi, lo)), BitonicMergeDesc32(fminf(hi, lo))};
+}
+
 // One chunk of one split job: its row, its tokens [lo, lo + n) and its scratch slot.
 struct SplitItem {
   int split_index, j, lo, n;
@@ -390,8 +424,7 @@ __device__ __forceinline__ void LoadChunkValues(const StepParams& p, const RowJo
   }
   const unsigned char* mask = RowMask(job);
   if (whole && mask == nullptr) {
-#pragma unroll
-    for (int r = 0; r < kChunkValues; ++r) x[r] = st->Admit(x[r], nullptr, 0);
+    st->AdmitUnmasked(x);
   } else {
 #pragma unroll
     for (int r = 0; r < kChunkValues; ++r) {
@@ -442,7 +475,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
   __shared__ int collected;
   __shared__ float threshold;
   __shared__ int last;
-  float* const coll_s = smem.chunk.coll_s;
+  float* const coll_x = smem.chunk.coll_x;
   int* const coll_id = smem.chunk.coll_id;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const SplitLayout layout(p);
@@ -454,10 +487,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
     if (timed && threadIdx.x == 0) ProbeTimes()[k] = GlobalTimer();
   };
   stage(9);
-  if (threadIdx.x == 0) {
-    collected = 0;
-    threshold = kNegInf;  // no rank K - 1 below: a NaN row, which faults anyway
-  }
+  if (threadIdx.x == 0) collected = 0;
   float x[kChunkValues];
   LoadStats st;
   LoadChunkValues<G>(p, job, it.row, it.lo, it.n, x, &st);
@@ -501,6 +531,22 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
     mn = fminf(mn, warp_mn[w]);
     bad |= warp_bad[w];
   }
+  // The threshold: the K-th largest of the block's 256 thread maxima. The K threads holding
+  // the largest each hold a token >= it, so the chunk has at least K tokens >= it, and
+  // (division by T being monotone) every token of the chunk's top K by (s desc, id asc) has
+  // s >= it / T. Warp 0 merges the eight warps' sorted lists in registers, keeping the largest
+  // 64 (K <= kSplitMaxK), while the others sum Z. (Ranking every entry by binary search in
+  // the other warps' lists took 29% of the kernel's instructions in ncu; this is ~250 a chunk.)
+  static_assert(kSplitWarps == 8 && kSplitMaxK <= 64, "the merge tree takes 8 lists and keeps 64");
+  if (warp == 0) {
+    float v[kSplitWarps];
+#pragma unroll
+    for (int w = 0; w < kSplitWarps; ++w) v[w] = sorted_max[w][lane];
+    const Top64 t = MergeTop64(MergeTop64(Merge32(v[0], v[1]), Merge32(v[2], v[3])),
+                               MergeTop64(Merge32(v[4], v[5]), Merge32(v[6], v[7])));
+    const float kth = K <= 32 ? __shfl_sync(0xFFFFFFFFu, t.hi, K - 1) : __shfl_sync(0xFFFFFFFFu, t.lo, K - 33);
+    if (lane == 0) threshold = kth;
+  }
   // Z's partial (exp2 of x * log2(e) / T: Z only feeds top-p and the logprobs' normaliser,
   // within the CPU's 1e-5 tolerance): each thread's values in order, then a fixed tree.
   const float scale = 1.4426950408889634f / T;
@@ -514,48 +560,21 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
     for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xFFFFFFFFu, z, o);
     if (lane == 0) warp_z[warp] = z;
   }
-  // The threshold: the thread maximum of rank K - 1 among the block's 256 in the total order
-  // (value desc, warp asc, place in its warp's sorted list asc). The K threads ranked at or
-  // before it each hold a token >= it, so the chunk has at least K tokens >= it, and
-  // (division by T being monotone) every token of the chunk's top K by (s desc, id asc) has
-  // s >= it / T. Its rank: its place in its own warp's list plus, by binary search, the
-  // entries of each other warp's list ranked before it. (Tighter than the least of the
-  // warps' own thresholds: ~55 tokens collected for K = 50 on normal logits, not ~100.)
-  if (lane < K) {
-    const float a = sorted_max[warp][lane];
-    int rank = lane;
-#pragma unroll
-    for (int w = 0; w < kSplitWarps; ++w) {
-      if (w == warp) continue;
-      const float* list = sorted_max[w];
-      int before = 0;
-#pragma unroll
-      for (int step = 32; step > 0; step >>= 1) {
-        if (before + step <= 32) {
-          const float b = list[before + step - 1];
-          if (w < warp ? b >= a : b > a) before += step;
-        }
-      }
-      rank += before;
-    }
-    if (rank == K - 1) threshold = a;
-  }
   __syncthreads();  // S2
   stage(12);
+  // The tokens listed: x >= x_lo, a margin below the threshold that every x with
+  // x / T >= threshold / T (both rounded) clears. The few it adds (x just under the
+  // threshold) are tokens of the row like any other: the finisher ranks the union by s = x / T,
+  // so a superset of the chunk's top K loses nothing, and no division is needed here.
+  // (Threshold -inf: fewer than K threads hold a finite token; every finite token is listed.)
   const float t_x = threshold;
-  const float s_min = t_x / T;
-  // A cheap filter on x before the exact division: v / T >= s_min (both rounded) implies v
-  // is within a few ulps of the threshold or above it, so this margin loses nothing.
-  const float x_lo = t_x == kNegInf ? kNegInf : t_x - fabsf(t_x) * 0x1.0p-20f - 1e-30f;
+  const float x_lo = t_x == kNegInf ? -FLT_MAX : t_x - fabsf(t_x) * 0x1.0p-20f - 1e-30f;
 #pragma unroll
   for (int r = 0; r < kChunkValues; ++r) {
-    const float v = x[r];
-    if (!(v >= x_lo) || v == kNegInf) continue;
-    const float sv = v / T;  // the exact score, as FinishCandidates and the CPU take it
-    if (sv >= s_min) {
+    if (x[r] >= x_lo) {
       const int at = atomicAdd(&collected, 1);  // slots in any order: the finisher ranks
       if (at < kSplitCapacity) {
-        coll_s[at] = sv;
+        coll_x[at] = x[r];
         coll_id[at] = it.lo + ChunkColumn<G>(r);
       }
     }
@@ -569,7 +588,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
   } else if (nc <= SplitListCapacity(layout.chunks)) {
     // The usual case: the collected tokens as they are (the finisher ranks the union).
     for (int i = threadIdx.x; i < nc; i += kSplitThreads) {
-      layout.cand_s[it.slot * kSplitMaxK + i] = coll_s[i];
+      layout.cand_x[it.slot * kSplitMaxK + i] = coll_x[i];
       layout.cand_id[it.slot * kSplitMaxK + i] = coll_id[i];
     }
     count = nc;
@@ -578,12 +597,12 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
     RankAmong(
         nc,
         [&](int a, float* sa, int* ia) {
-          *sa = coll_s[a];
+          *sa = coll_x[a] / T;
           *ia = coll_id[a];
         },
         [&](int a, int r) {
           if (r < K) {
-            layout.cand_s[it.slot * kSplitMaxK + r] = coll_s[a];
+            layout.cand_x[it.slot * kSplitMaxK + r] = coll_x[a];
             layout.cand_id[it.slot * kSplitMaxK + r] = coll_id[a];
           }
         });

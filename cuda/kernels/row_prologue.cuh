@@ -85,6 +85,27 @@ struct LoadStats {
     m = fmaxf(m, v);
     mn = fminf(mn, v == kNegInf ? INFINITY : v);
   }
+  // Admit on N values where no mask applies, in 3 instructions a value instead of 5: the least
+  // value is taken with -inf included and, only in a thread that holds a -inf, again over the
+  // finite ones. The same bad, m and mn as Admit on each.
+  template <int N>
+  __device__ __forceinline__ void AdmitUnmasked(const float (&v)[N]) {
+    bool nonfinite = false;
+    float lo = INFINITY;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      nonfinite |= !(v[i] < INFINITY);
+      m = fmaxf(m, v[i]);
+      lo = fminf(lo, v[i]);
+    }
+    if (lo == kNegInf) {
+      lo = INFINITY;
+#pragma unroll
+      for (int i = 0; i < N; ++i) lo = fminf(lo, v[i] == kNegInf ? INFINITY : v[i]);
+    }
+    mn = fminf(mn, lo);
+    if (nonfinite) bad |= kRowNonFinite;
+  }
 };
 
 // The grammar mask a job's load applies: prompt rows score the prompt as given (SPEC 3 step 1).
