@@ -133,6 +133,52 @@ TEST(RowProcessor, ExactTiesRankByLowerIdFirst) {
   EXPECT_FLOAT_EQ(proc.SumSmallerProbs(1), 0.5f);
 }
 
+// -0.0 and +0.0 are equal values: they tie and rank by id, on every route to the kept set
+// (top-p alone goes through the score histogram, top-k through the selection), and so do the
+// scores of a temperature of +inf (every finite x / inf is +-0).
+TEST(RowProcessor, SignedZerosTieAndRankByLowerId) {
+  struct Case {
+    const char* what;
+    std::vector<float> row;
+    float temperature, top_p;
+    int32_t top_k;
+    std::vector<int32_t> kept;
+  };
+  const std::vector<Case> cases = {
+      // Two equal scores, p = 0.5 each; top_p = 0.3 keeps the first in (score desc, id asc).
+      {"top-p, -0 before +0", {-0.0f, 0.0f, kNegInf, kNegInf}, 1.0f, 0.3f, -1, {0}},
+      {"top-p, +0 before -0", {0.0f, -0.0f, kNegInf, kNegInf}, 1.0f, 0.3f, -1, {0}},
+      {"top-k", {-0.0f, -0.0f, 0.0f, 0.0f}, 1.0f, 1.0f, 2, {0, 1}},
+      // T = +inf: every score is +-0, the distribution uniform; the first tokens by id.
+      {"T = inf, top-p", {-3.0f, 2.0f, -1.0f, 5.0f}, INFINITY, 0.4f, -1, {0, 1}},
+      {"T = inf, top-k", {-3.0f, 2.0f, -1.0f, 5.0f}, INFINITY, 1.0f, 3, {0, 1, 2}},
+  };
+  for (const Case& c : cases) {
+    const int32_t V = static_cast<int32_t>(c.row.size());
+    HostLogits logits(1, V);
+    std::copy(c.row.begin(), c.row.end(), logits.values.begin());
+    const NormalizedParams params = Params(c.temperature, c.top_p, c.top_k);
+    RowOptions options;
+    options.params = &params;
+    options.vocab_size = V;
+    RowProcessor proc;
+    ASSERT_TRUE(proc.Process(logits.View(), 0, options).ok()) << c.what;
+    std::vector<int32_t> kept;
+    for (int32_t t = 0; t < V; ++t) {
+      if (proc.Kept(t)) kept.push_back(t);
+    }
+    EXPECT_EQ(kept, c.kept) << c.what;
+    // The float64 reference agrees.
+    ReferenceOptions ref_options;
+    ref_options.vocab_size = V;
+    const ReferenceRow ref = ReferenceProcess(c.row, params, ref_options);
+    ASSERT_TRUE(ref.ok) << c.what;
+    for (int32_t t = 0; t < V; ++t) {
+      EXPECT_EQ(ref.probs[t] > 0.0, proc.Kept(t)) << c.what << " token " << t;
+    }
+  }
+}
+
 // SPEC 3: a finite value that a penalty or the temperature pushes out of float32 (either
 // sign) is an error of the request, never a NaN or -inf answer; -inf from the mask, or huge
 // values that stay in range, are not.

@@ -118,9 +118,12 @@ SAMPLERD_SPEC_FN bool MaskAllows(const unsigned char* mask, int32_t t) {
 }
 
 // An unsigned key whose order is the float order (-inf lowest, +inf highest; NaN never
-// reaches it): the sort and selection key of scores on both backends.
+// reaches it): the sort and selection key of scores on both backends. -0.0 takes +0.0's key:
+// the two are equal values, so they tie and rank by id (as every float comparison has them),
+// whatever sign a logit or x / T (+-0 for every finite x when T = +inf) carries.
 SAMPLERD_SPEC_FN uint32_t OrderKey(float f) {
   const uint32_t b = FloatBits(f);
+  if (b == 0x80000000u) return 0x80000000u;  // -0.0
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 

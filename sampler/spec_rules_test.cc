@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+#include <vector>
+
 namespace samplerd {
 namespace {
 
@@ -38,6 +41,20 @@ TEST(Positions, DraftPositionAddsOffsetAndIndex) {
   EXPECT_EQ(DraftPosition(50, 3, 1), 54u);
   EXPECT_EQ(DraftPosition(50, 3, 5), 58u);
   EXPECT_EQ(kDraftSeedOffset, 1000000007u);
+}
+
+// The order key orders as float comparison does: strictly increasing over distinct values
+// (-inf, negatives, zeros, positives, +inf) and one key for -0.0 and +0.0, which are equal.
+TEST(OrderKey, OrdersAsFloatComparisonWithSignedZerosEqual) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float denorm = std::numeric_limits<float>::denorm_min();
+  const std::vector<float> increasing = {-inf, -3e38f, -1.5f, -denorm, 0.0f, denorm, 1e-30f, 2.0f, 3e38f, inf};
+  for (size_t i = 0; i + 1 < increasing.size(); ++i) {
+    EXPECT_LT(OrderKey(increasing[i]), OrderKey(increasing[i + 1])) << increasing[i];
+  }
+  EXPECT_EQ(OrderKey(-0.0f), OrderKey(0.0f));
+  EXPECT_LT(OrderKey(-denorm), OrderKey(-0.0f));
+  EXPECT_LT(OrderKey(-0.0f), OrderKey(denorm));
 }
 
 }  // namespace
