@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -696,6 +697,51 @@ TEST(CudaBackend, ValuesLeavingFloat32FailTheirRequestOnEveryPath) {
         }
         EXPECT_TRUE(on_cpu.results[4].status.ok()) << what << ": " << on_cpu.results[4].status;
         EXPECT_TRUE(on_cpu.results[5].status.ok()) << what << ": " << on_cpu.results[5].status;
+        Compare(on_cpu, RunStep(*gpu, step), tally, what, step);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+  EXPECT_EQ(tally.token_mismatches, 0);
+}
+
+// -0.0 and +0.0 are equal scores (they tie and rank by id: OrderKey gives them one key), and a
+// temperature of +inf makes every finite score +-0 (a uniform distribution, ranked by id);
+// a huge finite T makes scores subnormal, where distant x can share a score. On every path:
+// split (top_k <= 64), fused (the rest), general (force top-N; V too wide for the fused path).
+TEST(CudaBackend, SignedZerosAndHugeTemperaturesMatchCpu) {
+  auto gpu = Gpu();
+  ASSERT_NE(gpu, nullptr);
+  auto cpu = Cpu();
+  Tally tally;
+  for (int32_t vocab : {1000, 129280, 400000}) {
+    const int rows = 4;
+    HostLogits logits(rows, vocab, 23, 2.0f);
+    // Row 0: the row's largest values are signed zeros at scattered ids.
+    for (int32_t t = 0; t < vocab; ++t) logits.Row(0)[t] = -std::fabs(logits.Row(0)[t]) - 0.5f;
+    for (int32_t t = 3; t < vocab; t += vocab / 40 + 1) logits.Row(0)[t] = (t / 3) % 2 ? 0.0f : -0.0f;
+    for (int32_t top_k : {-1, 20, 300}) {
+      for (int32_t force : {0, 64}) {
+        Step step = MakeStep(StepKind::kPrefill, logits, vocab);
+        step.force_top_n = force;
+        for (int r = 0; r < rows; ++r) {
+          RequestInputs req = PrefillRequest("r" + std::to_string(r), r, 90 + r, 9);
+          req.params.top_k = top_k;
+          req.params.top_p = 0.9f;
+          req.params.top_logprobs = 4;
+          step.requests.push_back(req);
+        }
+        step.requests[0].params.temperature = 1.0f;
+        step.requests[1].params.temperature = std::numeric_limits<float>::infinity();
+        step.requests[2].params.temperature = 1e38f;  // x / T subnormal for |x| < ~1.2
+        step.requests[3].params.temperature = 3e37f;
+        const std::string what = "V=" + std::to_string(vocab) + " top_k=" +
+                                 std::to_string(top_k) + " force=" + std::to_string(force);
+        const StepResult on_cpu = RunStep(*cpu, step);
+        for (int r = 0; r < rows; ++r) {
+          ASSERT_TRUE(on_cpu.results[r].status.ok()) << what << " request " << r << ": "
+                                                      << on_cpu.results[r].status;
+        }
         Compare(on_cpu, RunStep(*gpu, step), tally, what, step);
         if (HasFatalFailure()) return;
       }

@@ -563,20 +563,33 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
   __syncthreads();  // S2
   stage(12);
   // The tokens listed: x >= x_lo, a margin below the threshold that every x with
-  // x / T >= threshold / T (both rounded) clears. The few it adds (x just under the
+  // x / T >= threshold / T (both rounded, the latter a normal float) clears. The few it adds (x just under the
   // threshold) are tokens of the row like any other: the finisher ranks the union by s = x / T,
   // so a superset of the chunk's top K loses nothing, and no division is needed here.
   // (Threshold -inf: fewer than K threads hold a finite token; every finite token is listed.)
   const float t_x = threshold;
-  const float x_lo = t_x == kNegInf ? -FLT_MAX : t_x - fabsf(t_x) * 0x1.0p-20f - 1e-30f;
+  auto collect = [&](int r) {
+    const int at = atomicAdd(&collected, 1);  // slots in any order: the finisher ranks
+    if (at < kSplitCapacity) {
+      coll_x[at] = x[r];
+      coll_id[at] = it.lo + ChunkColumn<G>(r);
+    }
+  };
+  const float s_min = t_x / T;
+  if (t_x == kNegInf || fabsf(s_min) >= FLT_MIN) {
+    const float x_lo = t_x == kNegInf ? -FLT_MAX : t_x - fabsf(t_x) * 0x1.0p-20f - 1e-30f;
 #pragma unroll
-  for (int r = 0; r < kChunkValues; ++r) {
-    if (x[r] >= x_lo) {
-      const int at = atomicAdd(&collected, 1);  // slots in any order: the finisher ranks
-      if (at < kSplitCapacity) {
-        coll_x[at] = x[r];
-        coll_id[at] = it.lo + ChunkColumn<G>(r);
-      }
+    for (int r = 0; r < kChunkValues; ++r) {
+      if (x[r] >= x_lo) collect(r);
+    }
+  } else {
+    // The threshold's score is subnormal or zero (a huge T, or T = +inf: every finite x / T
+    // is +-0): distant x can share a score there, so the margin above does not hold. Each
+    // token by its exact score instead (block-uniform; with T = +inf every finite token, so
+    // the chunk overflows and the row runs the general algorithm).
+#pragma unroll
+    for (int r = 0; r < kChunkValues; ++r) {
+      if (x[r] != kNegInf && x[r] / T >= s_min) collect(r);
     }
   }
   __syncthreads();  // S3
