@@ -720,6 +720,10 @@ TEST(CudaBackend, SignedZerosAndHugeTemperaturesMatchCpu) {
     // Row 0: the row's largest values are signed zeros at scattered ids.
     for (int32_t t = 0; t < vocab; ++t) logits.Row(0)[t] = -std::fabs(logits.Row(0)[t]) - 0.5f;
     for (int32_t t = 3; t < vocab; t += vocab / 40 + 1) logits.Row(0)[t] = (t / 3) % 2 ? 0.0f : -0.0f;
+    // Rows 1-3: some -inf logits too (x * (log2(e) / T) is NaN for x = -inf when T = +inf).
+    for (int r = 1; r < rows; ++r) {
+      for (int32_t t = r; t < vocab; t += 97) logits.Row(r)[t] = -std::numeric_limits<float>::infinity();
+    }
     for (int32_t top_k : {-1, 20, 300}) {
       for (int32_t force : {0, 64}) {
         Step step = MakeStep(StepKind::kPrefill, logits, vocab);

@@ -142,7 +142,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
   // CPU's 1e-5 logprob tolerance): so it uses x * (log2(e) / T) and exp2f, a few instructions an
   // element. The candidates' exact scores x / T are computed when they are gathered, and the
   // gather widens the distance by kGatherSlack so that it holds the exact prefix (below).
-  const float scale = 1.4426950408889634f / T;
+  const float scale = Log2eOverT(T);
   float z4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   auto visit = [&](int i, int lane4) {
     const float v = xs[i];

@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cfloat>
 #include <cstdint>
 
 #include "cuda/sampling_launch.h"
@@ -37,6 +38,12 @@ constexpr float kNegInf = -INFINITY;
 __device__ __forceinline__ float FromOrderKey(uint32_t k) {
   return __uint_as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
 }
+
+// log2(e) / T: the fast passes take exp(s - M) as exp2((x - max) * this). At least FLT_MIN, so
+// that T = +inf (where every finite score is +-0) still maps x = -inf to -inf and not to NaN
+// (-inf * 0), and a finite x to 2^-0 = 1; only T > ~1.2e38 is affected, where every finite
+// term is 1 either way.
+__device__ __forceinline__ float Log2eOverT(float T) { return fmaxf(1.4426950408889634f / T, FLT_MIN); }
 
 __device__ __forceinline__ float LoadLogit(const void* row, LogitsDType dtype, int32_t c) {
   switch (dtype) {

@@ -549,7 +549,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
   }
   // Z's partial (exp2 of x * log2(e) / T: Z only feeds top-p and the logprobs' normaliser,
   // within the CPU's 1e-5 tolerance): each thread's values in order, then a fixed tree.
-  const float scale = 1.4426950408889634f / T;
+  const float scale = Log2eOverT(T);
   {
     float z = 0.0f;
     if (m != kNegInf) {
