@@ -152,6 +152,7 @@ TEST(RowProcessor, SignedZerosTieAndRankByLowerId) {
       // T = +inf: every score is +-0, the distribution uniform; the first tokens by id.
       {"T = inf, top-p", {-3.0f, 2.0f, -1.0f, 5.0f}, INFINITY, 0.4f, -1, {0, 1}},
       {"T = inf, top-k", {-3.0f, 2.0f, -1.0f, 5.0f}, INFINITY, 1.0f, 3, {0, 1, 2}},
+      {"T = inf, a -inf logit", {-3.0f, kNegInf, -1.0f, 5.0f, 1.0f}, INFINITY, 0.5f, -1, {0, 2, 3}},
   };
   for (const Case& c : cases) {
     const int32_t V = static_cast<int32_t>(c.row.size());
