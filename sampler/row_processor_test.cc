@@ -282,6 +282,11 @@ struct RandomCase {
   bool mask = false;
   bool penalties = false;
   bool ties = false;
+  // A fifth of the values exotic: +-0, -inf, or magnitudes near 1e29; the rest negative, so
+  // that signed zeros lead the row (ties across a top-p cut). (Not subnormals, nor a
+  // T so huge that scores are: distinct scores there share a float64 probability, so the
+  // reference's ties by probability and the backends' ties by score part ways.)
+  bool exotic = false;
   DType dtype = DType::kFloat32;
   bool prompt_mode = false;
 };
@@ -295,6 +300,19 @@ void CheckAgainstReference(const RandomCase& c, uint64_t seed, int* compared) {
   for (float& v : raw) v = normal(rng);
   if (c.ties) {
     for (float& v : raw) v = std::round(v * 2.0f) / 2.0f;  // many exact ties
+  }
+  if (c.exotic) {
+    std::uniform_int_distribution<int> kind(0, 19);
+    for (float& v : raw) {
+      switch (kind(rng)) {
+        case 0: v = 0.0f; break;
+        case 1: v = -0.0f; break;
+        case 2: v = kNegInf; break;
+        case 3: v *= 1e29f; break;
+        default: v = -std::fabs(v) - 0.25f; break;  // below the zeros, which then lead
+      }
+    }
+    raw[0] = 0.0f;  // a finite token, whatever else the row holds
   }
   for (int32_t t = c.vocab; t < cols; ++t) raw[t] = std::nanf("");  // padding NaN is fine
   // Storage in the case's dtype; the reference sees the same (exactly converted) values.
@@ -418,6 +436,14 @@ TEST(RowProcessor, MatchesFloat64ReferenceOnRandomRows) {
     prompt.prompt_mode = true;
     prompt.mask = true;  // ignored in prompt mode, by both
     cases.push_back(prompt);
+    const float inf = std::numeric_limits<float>::infinity();
+    for (const NormalizedParams& params :
+         {Params(1.0f, 0.9f), Params(1.0f, 0.1f), Params(0.6f, 1.0f, 7), Params(inf, 0.9f),
+          Params(inf, 0.03f), Params(inf, 1.0f, 7), Params(2.0f, 1.0f, -1, 0.05f)}) {
+      RandomCase exotic{vocab, params};
+      exotic.exotic = true;
+      cases.push_back(exotic);
+    }
   }
   int compared = 0;
   int total = 0;
