@@ -635,32 +635,56 @@ TEST(CudaBackend, DraftPoolLivesOnTheDevice) {
   }
 }
 
-// SPEC 3: a finite value that a penalty or the temperature pushes out of float32 fails its
-// request, on every kernel path (split: top_k <= 64; fused: the rest; general: force top-N and
-// vocabularies too wide for the fused path), with the CPU backend's status and message; the
-// same huge values masked out, or at T >= 1, are sampled normally.
-TEST(CudaBackend, ValuesLeavingFloat32FailTheirRequestOnEveryPath) {
+// CPU against CUDA on every kernel path, the same rows each time: V = 1000 and 129,280 (split
+// for top_k <= 64, fused for the rest, general with force top-N) and 400,000 (too wide for the
+// fused path: general), each top_k of `top_ks`, force top-N off and 64. `shape(logits, vocab)`
+// sets a V's rows; `requests(step, vocab, top_k)` adds the step's requests;
+// `check_cpu(on_cpu, force, what)` checks the CPU's answers before the GPU's are compared with
+// them (counted in `tally`).
+template <typename Shape, typename Requests, typename CheckCpu>
+void CompareOnEveryPath(int rows, uint64_t seed, std::initializer_list<int32_t> top_ks, Shape shape,
+                        Requests requests, CheckCpu check_cpu, Tally& tally) {
   auto gpu = Gpu();
   ASSERT_NE(gpu, nullptr);
   auto cpu = Cpu();
-  Tally tally;
   for (int32_t vocab : {1000, 129280, 400000}) {
-    const int rows = 7;
-    HostLogits logits(rows, vocab, 17, 2.0f);
-    logits.Row(0)[5] = 10.0f;    // / repetition 1e-38 -> +inf
-    logits.Row(1)[vocab - 1] = 1e34f;  // / 1e-5 (temperature 0) -> +inf
-    logits.Row(2)[vocab / 2] = 3e38f;  // / 0.5 -> +inf
-    logits.Row(3)[7] = -3e38f;         // / 0.5 -> -inf
-    logits.Row(4)[7] = 3e38f;          // masked out: harmless
-    logits.Row(5)[9] = 3e38f;          // temperature 1: harmless
-    logits.Row(6)[3] = -10.0f;         // * repetition 1e38 -> -inf
-    for (int32_t top_k : {-1, 20}) {
+    HostLogits logits(rows, vocab, seed, 2.0f);
+    shape(logits, vocab);
+    for (int32_t top_k : top_ks) {
       for (int32_t force : {0, 64}) {
         Step step = MakeStep(StepKind::kPrefill, logits, vocab);
         step.force_top_n = force;
-        std::vector<std::string> masks;
-        masks.reserve(rows);
-        for (int r = 0; r < rows; ++r) {
+        requests(step, vocab, top_k);
+        const std::string what = "V=" + std::to_string(vocab) + " top_k=" +
+                                 std::to_string(top_k) + " force=" + std::to_string(force);
+        const StepResult on_cpu = RunStep(*cpu, step);
+        check_cpu(on_cpu, force, what);
+        if (::testing::Test::HasFatalFailure()) return;
+        Compare(on_cpu, RunStep(*gpu, step), tally, what, step);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+// SPEC 3: a finite value that a penalty or the temperature pushes out of float32 fails its
+// request, on every kernel path, with the CPU backend's status and message; the same huge
+// values masked out, or at T >= 1, are sampled normally.
+TEST(CudaBackend, ValuesLeavingFloat32FailTheirRequestOnEveryPath) {
+  Tally tally;
+  CompareOnEveryPath(
+      7, 17, {-1, 20},
+      [](HostLogits& logits, int32_t vocab) {
+        logits.Row(0)[5] = 10.0f;          // / repetition 1e-38 -> +inf
+        logits.Row(1)[vocab - 1] = 1e34f;  // / 1e-5 (temperature 0) -> +inf
+        logits.Row(2)[vocab / 2] = 3e38f;  // / 0.5 -> +inf
+        logits.Row(3)[7] = -3e38f;         // / 0.5 -> -inf
+        logits.Row(4)[7] = 3e38f;          // masked out: harmless
+        logits.Row(5)[9] = 3e38f;          // temperature 1: harmless
+        logits.Row(6)[3] = -10.0f;         // * repetition 1e38 -> -inf
+      },
+      [](Step& step, int32_t vocab, int32_t top_k) {
+        for (int r = 0; r < 7; ++r) {
           RequestInputs req = PrefillRequest("r" + std::to_string(r), r, 70 + r, 9);
           req.params.temperature = 0.5f;
           req.params.top_k = top_k;
@@ -674,17 +698,15 @@ TEST(CudaBackend, ValuesLeavingFloat32FailTheirRequestOnEveryPath) {
         for (int32_t t = 0; t < vocab; ++t) {
           if (t != 7) allowed.push_back(t);
         }
-        masks.push_back(MaskOf(vocab, allowed));
-        step.requests[4].allowed_token_masks = {masks.back()};
+        step.requests[4].allowed_token_masks = {MaskOf(vocab, allowed)};
         step.requests[5].params.temperature = 1.0f;
         // Known divergence, left to the kernel issue: with a logit of 3e38 the fused path pads
         // the top logprobs beyond the max with (-1, -inf) where the CPU lists tokens at -3e38.
         step.requests[5].params.top_logprobs = 0;
         step.requests[6].params.repetition_penalty = 1e38f;
         step.requests[6].output_token_ids = {3};
-        const StepResult on_cpu = RunStep(*cpu, step);
-        const std::string what = "V=" + std::to_string(vocab) + " top_k=" +
-                                 std::to_string(top_k) + " force=" + std::to_string(force);
+      },
+      [](const StepResult& on_cpu, int32_t force, const std::string& what) {
         // Force top-N removes row 3's -3e38 (step 4) before the temperature (step 5) sees it.
         for (int r : {0, 1, 2, 3, 6}) {
           if (r == 3 && force > 0) {
@@ -697,37 +719,29 @@ TEST(CudaBackend, ValuesLeavingFloat32FailTheirRequestOnEveryPath) {
         }
         EXPECT_TRUE(on_cpu.results[4].status.ok()) << what << ": " << on_cpu.results[4].status;
         EXPECT_TRUE(on_cpu.results[5].status.ok()) << what << ": " << on_cpu.results[5].status;
-        Compare(on_cpu, RunStep(*gpu, step), tally, what, step);
-        if (HasFatalFailure()) return;
-      }
-    }
-  }
+      },
+      tally);
   EXPECT_EQ(tally.token_mismatches, 0);
 }
 
 // -0.0 and +0.0 are equal scores (they tie and rank by id: OrderKey gives them one key), and a
 // temperature of +inf makes every finite score +-0 (a uniform distribution, ranked by id);
-// a huge finite T makes scores subnormal, where distant x can share a score. On every path:
-// split (top_k <= 64), fused (the rest), general (force top-N; V too wide for the fused path).
+// a huge finite T makes scores subnormal, where distant x can share a score. On every path.
 TEST(CudaBackend, SignedZerosAndHugeTemperaturesMatchCpu) {
-  auto gpu = Gpu();
-  ASSERT_NE(gpu, nullptr);
-  auto cpu = Cpu();
+  const int rows = 4;
   Tally tally;
-  for (int32_t vocab : {1000, 129280, 400000}) {
-    const int rows = 4;
-    HostLogits logits(rows, vocab, 23, 2.0f);
-    // Row 0: the row's largest values are signed zeros at scattered ids.
-    for (int32_t t = 0; t < vocab; ++t) logits.Row(0)[t] = -std::fabs(logits.Row(0)[t]) - 0.5f;
-    for (int32_t t = 3; t < vocab; t += vocab / 40 + 1) logits.Row(0)[t] = (t / 3) % 2 ? 0.0f : -0.0f;
-    // Rows 1-3: some -inf logits too (x * (log2(e) / T) is NaN for x = -inf when T = +inf).
-    for (int r = 1; r < rows; ++r) {
-      for (int32_t t = r; t < vocab; t += 97) logits.Row(r)[t] = -std::numeric_limits<float>::infinity();
-    }
-    for (int32_t top_k : {-1, 20, 300}) {
-      for (int32_t force : {0, 64}) {
-        Step step = MakeStep(StepKind::kPrefill, logits, vocab);
-        step.force_top_n = force;
+  CompareOnEveryPath(
+      rows, 23, {-1, 20, 300},
+      [](HostLogits& logits, int32_t vocab) {
+        // Row 0: the row's largest values are signed zeros at scattered ids.
+        for (int32_t t = 0; t < vocab; ++t) logits.Row(0)[t] = -std::fabs(logits.Row(0)[t]) - 0.5f;
+        for (int32_t t = 3; t < vocab; t += vocab / 40 + 1) logits.Row(0)[t] = (t / 3) % 2 ? 0.0f : -0.0f;
+        // Rows 1-3: some -inf logits too (x * (log2(e) / T) is NaN for x = -inf when T = +inf).
+        for (int r = 1; r < rows; ++r) {
+          for (int32_t t = r; t < vocab; t += 97) logits.Row(r)[t] = -std::numeric_limits<float>::infinity();
+        }
+      },
+      [](Step& step, int32_t, int32_t top_k) {
         for (int r = 0; r < rows; ++r) {
           RequestInputs req = PrefillRequest("r" + std::to_string(r), r, 90 + r, 9);
           req.params.top_k = top_k;
@@ -739,18 +753,14 @@ TEST(CudaBackend, SignedZerosAndHugeTemperaturesMatchCpu) {
         step.requests[1].params.temperature = std::numeric_limits<float>::infinity();
         step.requests[2].params.temperature = 1e38f;  // x / T subnormal for |x| < ~1.2
         step.requests[3].params.temperature = 3e37f;
-        const std::string what = "V=" + std::to_string(vocab) + " top_k=" +
-                                 std::to_string(top_k) + " force=" + std::to_string(force);
-        const StepResult on_cpu = RunStep(*cpu, step);
+      },
+      [](const StepResult& on_cpu, int32_t, const std::string& what) {
         for (int r = 0; r < rows; ++r) {
           ASSERT_TRUE(on_cpu.results[r].status.ok()) << what << " request " << r << ": "
                                                       << on_cpu.results[r].status;
         }
-        Compare(on_cpu, RunStep(*gpu, step), tally, what, step);
-        if (HasFatalFailure()) return;
-      }
-    }
-  }
+      },
+      tally);
   EXPECT_EQ(tally.token_mismatches, 0);
 }
 

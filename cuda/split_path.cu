@@ -358,6 +358,21 @@ __device__ __forceinline__ float BitonicMergeDesc32(float v) {
   return v;
 }
 
+// Any 32 values (one a lane) sorted descending: bitonic runs of 2, 4, .. 16 alternating in
+// direction (by bit k of the lane), then the merge of the bitonic 32 they form.
+__device__ __forceinline__ float BitonicSortDesc32(float v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int k = 2; k <= 16; k <<= 1) {
+#pragma unroll
+    for (int h = k >> 1; h > 0; h >>= 1) {
+      const float other = __shfl_xor_sync(0xFFFFFFFFu, v, h);
+      v = ((lane & k) == 0) == ((lane & h) == 0) ? fmaxf(v, other) : fminf(v, other);
+    }
+  }
+  return BitonicMergeDesc32(v);
+}
+
 // Two descending 32-sequences a and b, merged descending: a followed by b reversed is bitonic;
 // its stride-32 half-cleaner puts the larger 32 in hi and the rest in lo, each bitonic.
 __device__ __forceinline__ Top64 Merge32(float a, float b) {
@@ -451,8 +466,7 @@ __device__ void UpdateChunkValues(const StepParams& p, const RowJob& job, int lo
   }
   __syncthreads();
   if (__syncthreads_or(ApplyChunkUpdates(p, job, lo, n, xs, st))) {
-    st->m = kNegInf;
-    st->mn = INFINITY;
+    st->RestartExtremes();
 #pragma unroll
     for (int r = 0; r < kChunkValues; ++r) {
       x[r] = xs[ChunkColumn<G>(r)];
@@ -498,7 +512,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
   // Each warp's extremes and faults, and its 32 thread maxima sorted descending (bitonic, in
   // registers): the chunk's threshold below is the K-th largest thread maximum.
   {
-    float m = st.m, mn = st.mn, a = st.m;
+    float m = st.m, mn = st.mn;
     int bad = st.bad;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -506,15 +520,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
       mn = fminf(mn, __shfl_xor_sync(0xFFFFFFFFu, mn, o));
       bad |= __shfl_xor_sync(0xFFFFFFFFu, bad, o);
     }
-#pragma unroll
-    for (int k = 2; k <= 32; k <<= 1) {
-#pragma unroll
-      for (int h = k >> 1; h > 0; h >>= 1) {
-        const float other = __shfl_xor_sync(0xFFFFFFFFu, a, h);
-        a = ((lane & k) == 0) == ((lane & h) == 0) ? fmaxf(a, other) : fminf(a, other);
-      }
-    }
-    sorted_max[warp][lane] = a;
+    sorted_max[warp][lane] = BitonicSortDesc32(st.m);
     if (lane == 0) {
       warp_m[warp] = m;
       warp_mn[warp] = mn;
@@ -563,9 +569,10 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
   __syncthreads();  // S2
   stage(12);
   // The tokens listed: x >= x_lo, a margin below the threshold that every x with
-  // x / T >= threshold / T (both rounded, the latter a normal float) clears. The few it adds (x just under the
-  // threshold) are tokens of the row like any other: the finisher ranks the union by s = x / T,
-  // so a superset of the chunk's top K loses nothing, and no division is needed here.
+  // x / T >= threshold / T (both rounded, the latter a normal float) clears. The few it adds
+  // (x just under the threshold) are tokens of the row like any other: the finisher ranks the
+  // union by s = x / T, so a superset of the chunk's top K loses nothing, and no division is
+  // needed here.
   // (Threshold -inf: fewer than K threads hold a finite token; every finite token is listed.)
   const float t_x = threshold;
   auto collect = [&](int r) {

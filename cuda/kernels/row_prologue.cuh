@@ -85,6 +85,11 @@ struct LoadStats {
     m = fmaxf(m, v);
     mn = fminf(mn, v == kNegInf ? INFINITY : v);
   }
+  // Forgets the extremes (updates moved the values; Extremes on each takes them again).
+  __device__ __forceinline__ void RestartExtremes() {
+    m = kNegInf;
+    mn = INFINITY;
+  }
   // Admit on N values where no mask applies, in 3 instructions a value instead of 5: the least
   // value is taken with -inf included and, only in a thread that holds a -inf, again over the
   // finite ones. The same bad, m and mn as Admit on each.
@@ -181,8 +186,7 @@ static __device__ void LoadChunk(const StepParams& p, const RowJob& job, const c
   if (job.update_end > job.update_begin) {
     __syncthreads();
     if (__syncthreads_or(ApplyChunkUpdates(p, job, lo, n, xs, &st))) {
-      st.m = kNegInf;
-      st.mn = INFINITY;
+      st.RestartExtremes();
       for (int i = threadIdx.x; i < n; i += blockDim.x) st.Extremes(xs[i]);
     }
   }
