@@ -49,7 +49,8 @@ absl::StatusOr<std::string> RunLocalJson(const std::string& json, const RunLocal
   for (int i = 0; i < steps->steps_size(); ++i) {
     const auto start = std::chrono::steady_clock::now();
     const std::string where = single ? "" : absl::StrCat("steps[", i, "]: ");
-    auto converted = StepFromProto(steps->steps(i), /*resolver=*/nullptr);
+    auto converted =
+        StepFromProto(steps->steps(i), /*resolver=*/nullptr, /*budget=*/nullptr, limits);
     if (!converted.ok()) {
       return absl::Status(converted.status().code(),
                           absl::StrCat(where, converted.status().message()));

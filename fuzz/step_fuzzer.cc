@@ -91,7 +91,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Harness& h = GetHarness();
   std::vector<std::string> drafted;
   for (int i = 0; i < list.steps_size() && i < 4; ++i) {
-    auto converted = StepFromProto(list.steps(i), &h.registry, &h.budget);
+    auto converted = StepFromProto(list.steps(i), &h.registry, &h.budget, h.limits);
     if (!converted.ok()) continue;
     (*converted)->step.pool_scope = "fuzz";
     auto plan = PlanConvertedStep(**converted, h.limits, [] { return uint64_t{42}; });

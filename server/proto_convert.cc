@@ -12,6 +12,7 @@ namespace {
 struct ConvertContext {
   LogitsSourceResolver* resolver;  // may be null (run-local)
   MemoryBudget* budget;            // may be null: unbounded
+  const Limits& limits;
 };
 
 // Sharded logits are concatenated into one tensor of at most this many columns.
@@ -122,10 +123,37 @@ absl::StatusOr<LogitsView> SingleTensorView(const v1::Tensor& tensor, const std:
   return Invalid(field, "has no source: set data, values, buffer, cuda_ipc, nccl or shards");
 }
 
+// The server's row and column limits on a tensor as the request declares it (the shards'
+// columns added up), checked before any source is resolved or a byte reserved, allocated or
+// copied: a 272-byte request of 16 shards of [1, 2^24] once cost 1 GiB and 4 s before
+// planning refused its columns (issue 25). RESOURCE_EXHAUSTED naming the field, as PlanStep
+// words it.
+absl::Status CheckDeclaredShape(const v1::Tensor& tensor, const std::string& field,
+                                const Limits& limits) {
+  int64_t cols = tensor.cols();
+  int64_t rows = tensor.rows();
+  if (tensor.shards_size() > 0) {
+    cols = 0;
+    rows = tensor.shards(0).rows();
+    for (const v1::Tensor& shard : tensor.shards()) cols += shard.cols();  // < 2^31 * 2^31
+  }
+  if (rows > limits.max_rows) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        field, ".rows: ", rows, " exceeds the server limit of ", limits.max_rows));
+  }
+  if (cols > limits.max_vocab_size) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        field, ".cols: ", cols, tensor.shards_size() > 0 ? " (the shards' columns added up)" : "",
+        " exceeds the server limit of ", limits.max_vocab_size));
+  }
+  return absl::OkStatus();
+}
+
 // Resolves a Tensor, concatenating tensor-parallel shards along columns into owned storage,
 // reserved from the budget before it is allocated.
 absl::StatusOr<LogitsView> TensorView(const v1::Tensor& tensor, const std::string& field,
                                       ConvertedStep& holder, const ConvertContext& ctx) {
+  if (auto status = CheckDeclaredShape(tensor, field, ctx.limits); !status.ok()) return status;
   if (tensor.shards_size() == 0) return SingleTensorView(tensor, field, holder, ctx);
   if (tensor.source_case() != v1::Tensor::SOURCE_NOT_SET) {
     return Invalid(field, "set either shards or a source, not both");
@@ -252,8 +280,9 @@ absl::Status RequestFromProto(const v1::RequestInputs& in, const std::string& fi
 
 absl::StatusOr<std::unique_ptr<ConvertedStep>> StepFromProto(const v1::SampleRequest& request,
                                                              LogitsSourceResolver* resolver,
-                                                             MemoryBudget* budget) {
-  const ConvertContext ctx{resolver, budget};
+                                                             MemoryBudget* budget,
+                                                             const Limits& limits) {
+  const ConvertContext ctx{resolver, budget, limits};
   auto converted = std::make_unique<ConvertedStep>();
   Step& step = converted->step;
   const v1::SamplerInputs& inputs = request.inputs();

@@ -76,13 +76,16 @@ absl::StatusOr<TensorLayout> TensorLayoutOf(const v1::Tensor& tensor, const std:
 // Every tensor's extent is computed with overflow-checked arithmetic and checked against the
 // bytes its source holds before a view is built. Memory the conversion allocates (shard
 // concatenation) is reserved from `budget` first (null: unbounded; the ConvertedStep holds
-// the reservation). Errors (the whole step): INVALID_ARGUMENT for a malformed logits tensor or
-// step kind; NOT_FOUND / FAILED_PRECONDITION from the resolver; FAILED_PRECONDITION for a
-// non-inline source when `resolver` is null; RESOURCE_EXHAUSTED when the budget is short.
-// Messages name the field.
+// the reservation). Each tensor's declared rows and columns (shards added up) are checked
+// against `limits` before its source is resolved or anything reserved or copied. Errors (the
+// whole step): INVALID_ARGUMENT for a malformed logits tensor or step kind; NOT_FOUND /
+// FAILED_PRECONDITION from the resolver; FAILED_PRECONDITION for a non-inline source when
+// `resolver` is null; RESOURCE_EXHAUSTED when the budget is short or a limit is exceeded (a
+// draft tensor's: that request's fault only). Messages name the field.
 absl::StatusOr<std::unique_ptr<ConvertedStep>> StepFromProto(const v1::SampleRequest& request,
                                                              LogitsSourceResolver* resolver,
-                                                             MemoryBudget* budget = nullptr);
+                                                             MemoryBudget* budget = nullptr,
+                                                             const Limits& limits = Limits{});
 
 // PlanStep, then the conversion's per-request faults applied to the plan.
 absl::StatusOr<StepPlan> PlanConvertedStep(const ConvertedStep& converted, const Limits& limits,

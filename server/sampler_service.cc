@@ -236,7 +236,8 @@ absl::StatusOr<StepResult> SamplerService::ComputeStep(const v1::SampleRequest& 
     Metrics& metrics;
     ~InFlight() { metrics.AddInFlight(-1); }
   } in_flight{metrics_};
-  auto converted = StepFromProto(request, &resolver, options_.request_memory);
+  auto converted =
+      StepFromProto(request, &resolver, options_.request_memory, options_.limits);
   if (!converted.ok()) return converted.status();
   (*converted)->step.pool_scope = pool_scope;
   stats->kind = (*converted)->step.kind;

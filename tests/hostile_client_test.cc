@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -326,21 +327,23 @@ TEST_F(Hostile, ValuesLeavingFloat32FailTheirRequestOnly) {
   ExpectAlive();
 }
 
-// Many shards over one registered region: refused once the request memory budget is spent,
+// Shards over one registered region whose columns are within the limit but whose
+// concatenation is not within the request memory budget: refused once the budget is spent,
 // before the server allocates the rest (it allocated 1 GiB before refusing).
 TEST_F(Hostile, ShardsCannotExhaustServerMemory) {
   ASSERT_NO_FATAL_FAILURE(
       StartServer({"--max_request_memory_bytes=" + std::to_string(32 << 20)}));
-  constexpr int kCols = 1 << 18;  // 1 MiB of float32 a shard
-  auto shm = ShmBuffer::Create(ShmName("shards"), kCols * 4);
+  constexpr int kCols = 1 << 18;  // 16 shards: 2^22 columns, the default --max_vocab_size
+  constexpr int kRows = 8;        // 8 MiB a shard; 128 MiB concatenated
+  auto shm = ShmBuffer::Create(ShmName("shards"), int64_t{kRows} * kCols * 4);
   ASSERT_TRUE(shm.ok());
   ASSERT_TRUE(client_->RegisterShm("shards", **shm).ok());
   const int64_t rss_before = server_->RssKib("VmHWM:");
   v1::SampleRequest request;
-  for (int s = 0; s < 1000; ++s) {
+  for (int s = 0; s < 16; ++s) {
     v1::Tensor* shard = request.mutable_logits()->add_shards();
     shard->set_dtype(v1::FLOAT32);
-    shard->set_rows(1);
+    shard->set_rows(kRows);
     shard->set_cols(kCols);
     shard->mutable_buffer()->set_name("shards");
   }
@@ -357,6 +360,48 @@ TEST_F(Hostile, ShardsCannotExhaustServerMemory) {
   const char* sanitizer = std::getenv("SAMPLERD_SANITIZER");
   const int64_t scale = sanitizer != nullptr && std::string(sanitizer) == "tsan" ? 8 : 1;
   EXPECT_LT(growth_kib, scale * 64 * 1024) << "peak RSS grew by " << growth_kib << " KiB";
+  ExpectAlive();
+}
+
+// Issue 25's request: 16 shards of [1, 2^24] over one registered 64 MiB region, under the
+// default budget (2 GiB), which the concatenation (1 GiB) fits. The columns' limit is checked
+// on the shape the request declares, before any shard is resolved or a byte reserved: refused
+// in milliseconds, where it cost 1.1 GB of peak RSS and 4.3 s before.
+TEST_F(Hostile, ShardedColumnsOverTheLimitAreRefusedBeforeAnyCopy) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  constexpr int kCols = 1 << 24;
+  auto shm = ShmBuffer::Create(ShmName("wide-shards"), int64_t{kCols} * 4);
+  ASSERT_TRUE(shm.ok()) << shm.status();
+  ASSERT_TRUE(client_->RegisterShm("wide-shards", **shm).ok());
+  v1::SampleRequest request;
+  for (int s = 0; s < 16; ++s) {
+    v1::Tensor* shard = request.mutable_logits()->add_shards();
+    shard->set_dtype(v1::FLOAT32);
+    shard->set_rows(1);
+    shard->set_cols(kCols);
+    shard->mutable_buffer()->set_name("wide-shards");
+  }
+  request.mutable_inputs()->set_kind(v1::PREFILL);
+  request.mutable_inputs()->set_vocab_size(1000);
+  request.mutable_inputs()->add_requests()->set_row(0);
+  EXPECT_LT(request.ByteSizeLong(), 1000u);
+  const int64_t rss_before = server_->RssKib("VmHWM:");
+  const auto start = std::chrono::steady_clock::now();
+  auto reply = client_->Sample(request);
+  const double ms = std::chrono::duration<double, std::milli>(
+                        std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(reply.status().message()),
+              HasSubstr("logits.cols: 268435456 (the shards' columns added up) exceeds the "
+                        "server limit of 4194304"));
+  const int64_t growth_kib = server_->RssKib("VmHWM:") - rss_before;
+  const char* sanitizer = std::getenv("SAMPLERD_SANITIZER");
+  const int64_t scale = sanitizer != nullptr && std::string(sanitizer) == "tsan" ? 8 : 1;
+  EXPECT_LT(growth_kib, scale * 64 * 1024) << "peak RSS grew by " << growth_kib << " KiB";
+  // Milliseconds, not the seconds a 1 GiB copy takes; loose for sanitizers and a loaded CI box.
+  EXPECT_LT(ms, 1000.0) << "refused after " << ms << " ms";
+  std::printf("16 shards of [1, 2^24]: refused in %.1f ms, peak RSS +%lld KiB\n", ms,
+              static_cast<long long>(growth_kib));
   ExpectAlive();
 }
 
