@@ -90,15 +90,12 @@ DraftRowView ResolveDraftRow(const RequestInputs& inputs, int32_t j, const Draft
   return DraftRowView::Values(nullptr, nullptr, 0);
 }
 
-// q(x) = exp(draft logprob), exactly as sent; NaN or +inf logprobs are the request's error.
-absl::StatusOr<double> DraftProbability(const DraftRowView& q_row, int32_t token, int32_t row,
-                                        const std::string& field) {
-  const float logprob = q_row.Logprob(token);
-  if (std::isnan(logprob) || logprob == std::numeric_limits<float>::infinity()) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": the draft logprob of token ", token,
-                                                   " at verify row ", row, " is NaN or +inf"));
-  }
-  return std::exp(static_cast<double>(logprob));
+// q(x) = exp(draft logprob), exactly as sent. PlanStep and TakeDecodeDrafts have refused rows
+// holding NaN or +inf (SPEC 6, CheckDraftRow); a client that rewrites its own shm region after
+// that gets a NaN q, which rejects (AcceptDraft) and adds nothing to a residual (max(0, NaN)
+// is 0): its own garbage, never a read outside the region.
+double DraftProbability(const DraftRowView& q_row, int32_t token) {
+  return std::exp(static_cast<double>(q_row.Logprob(token)));
 }
 
 }  // namespace
@@ -173,15 +170,7 @@ absl::StatusOr<StepResult> CpuBackend::Sample(const StepPlan& plan) {
         out.accepted = draft == row.golden;
         out.token = row.golden;
       } else {
-        double q = 0.0;
-        if (draft >= 0) {
-          auto q_draft = DraftProbability(q_row, draft, task.index, field);
-          if (!q_draft.ok()) {
-            out.status = q_draft.status();
-            return;
-          }
-          q = *q_draft;
-        }
+        const double q = draft >= 0 ? DraftProbability(q_row, draft) : 0.0;
         const double p = draft >= 0 ? proc.Probability(draft) : 0.0;
         const double u = UniformDouble(request.seed,
                                        SequenceNumber(row.position, DrawCase::kAcceptReject));
@@ -190,23 +179,13 @@ absl::StatusOr<StepResult> CpuBackend::Sample(const StepPlan& plan) {
           out.token = draft;
         } else {
           // The replacement: from max(0, p - q) renormalised; from p when that is empty.
-          absl::Status q_status;
           const double u_replace =
               UniformDouble(request.seed, SequenceNumber(row.position, DrawCase::kReplacement));
           out.token = proc.DrawFromKeptWeights(
               [&](int32_t x, double p_x) {
-                auto q_x = DraftProbability(q_row, x, task.index, field);
-                if (!q_x.ok()) {
-                  q_status.Update(q_x.status());
-                  return 0.0;
-                }
-                return std::max(0.0, p_x - *q_x);
+                return std::max(0.0, p_x - DraftProbability(q_row, x));
               },
               u_replace);
-          if (!q_status.ok()) {
-            out.status = q_status;
-            return;
-          }
           if (out.token < 0) out.token = proc.Draw(u_replace);
         }
       }

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "sampler/cpu_backend.h"
+#include "sampler/draft_rule_cases.h"
 #include "sampler/reference_sampler.h"
 #include "sampler/spec_rules.h"
 #include "sampler/test_util.h"
@@ -390,6 +391,24 @@ TEST_F(Decode, PoolEntriesAreScopedByClient) {
 }
 
 // An entry whose DECODE never comes expires after the pool's ttl (a crashed worker's drafts).
+// SPEC 6: NaN or +inf anywhere in a sent or pooled draft row fails its request (read or not),
+// padding and -inf do not, and the step's other request is answered. cuda_backend_test runs
+// the same cases on the GPU against these answers.
+TEST(DraftRule, NaNOrPosInfAnywhereInADraftRowFailsOnlyItsRequest) {
+  for (DraftRuleCase& c : DraftRuleCases()) {
+    SCOPED_TRACE(c.what);
+    auto backend = MakeBackend();
+    if (c.prepare_pool) c.prepare_pool(backend->draft_pool());
+    const StepResult result = RunStep(*backend, c.step);
+    ASSERT_EQ(result.results.size(), 2u);
+    EXPECT_EQ(result.results[0].status.code(), c.code) << result.results[0].status;
+    EXPECT_THAT(std::string(result.results[0].status.message()), HasSubstr(c.message));
+    if (c.code == absl::StatusCode::kOk) EXPECT_EQ(result.results[0].token_ids.size() >= 1, true);
+    EXPECT_TRUE(result.results[1].status.ok()) << result.results[1].status;
+    EXPECT_EQ(result.results[1].token_ids.size(), 1u);
+  }
+}
+
 TEST(DraftPoolTest, EntriesExpireAfterTheirTtl) {
   absl::Time now = absl::FromUnixSeconds(1000);
   DraftPoolOptions options;

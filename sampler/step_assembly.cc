@@ -49,6 +49,12 @@ void TakeDecodeDrafts(const StepPlan& plan, DraftPool& pool, StepResult& result,
         status = absl::FailedPreconditionError(absl::StrCat(
             field, ": pooled draft ", d, " has ", it->second.DenseValues(),
             " logprobs but this step's vocab_size is ", step.vocab_size));
+      } else if (it->second.device == nullptr) {
+        // SPEC 6's rule, as for sent rows. A device row was written by the CUDA kernels, which
+        // write finite processed logprobs and -inf only.
+        status = CheckDraftRow(it->second.logprobs.data(),
+                               static_cast<int32_t>(it->second.logprobs.size()), d - 1,
+                               absl::StrCat(field, ": pooled draft ", d));
       }
     }
     if (status.ok()) {

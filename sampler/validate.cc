@@ -2,15 +2,62 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "sampler/dtype.h"
+#include "sampler/row_kernels.h"
 #include "sampler/spec_rules.h"
 
 namespace samplerd {
+namespace {
+
+// SPEC 6's rule for one value of a draft row: finite logprobs and -inf only.
+bool BadDraftValue(float value) {
+  return std::isnan(value) || value == std::numeric_limits<float>::infinity();
+}
+
+// The error of draft row `row` whose entry `entry` is `value` (NaN or +inf).
+absl::Status BadDraftRowError(const std::string& field, int32_t row, int64_t entry, float value) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": draft row ", row, " holds ", std::isnan(value) ? "NaN" : "+inf", " at entry ",
+      entry, "; a draft row may hold finite logprobs and -inf only (SPEC 6), whether or not "
+      "verification reads that entry"));
+}
+
+// CheckDraftRow over rows [0, rows) of a sent draft tensor, columns [0, cols), converted to
+// float32 a block at a time (no allocation the size of the tensor).
+absl::Status CheckDraftTensor(const LogitsView& view, int32_t rows, int32_t cols,
+                              const std::string& field) {
+  constexpr int32_t kBlock = 2048;
+  float block[kBlock];
+  for (int32_t r = 0; r < rows; ++r) {
+    for (int32_t first = 0; first < cols; first += kBlock) {
+      const int32_t n = std::min(kBlock, cols - first);
+      LoadRowAsFloat(view, r, first, n, block);
+      if (!HasNanOrPosInf(block, n)) continue;  // the vectorised common case
+      for (int32_t i = 0; i < n; ++i) {
+        if (BadDraftValue(block[i])) return BadDraftRowError(field, r, first + i, block[i]);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckDraftRow(const float* values, int32_t n, int32_t row, const std::string& field) {
+  if (!HasNanOrPosInf(values, n)) return absl::OkStatus();
+  for (int32_t i = 0; i < n; ++i) {
+    if (BadDraftValue(values[i])) return BadDraftRowError(field, row, i, values[i]);
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 absl::Status Invalid(const std::string& field, const std::string& what) {
@@ -62,7 +109,7 @@ absl::Status CheckDraftDistributions(const RequestInputs& request, int32_t vocab
         return Invalid(f + ".row_stride", "is less than cols");
       }
       if (dist.values.data == nullptr) return Invalid(f, "has no data");
-      return absl::OkStatus();
+      return CheckDraftTensor(dist.values, drafts, vocab_size, f);
     }
     case DraftDistributions::Form::kTopN: {
       const std::string f = field + ".draft_topn";
@@ -79,7 +126,12 @@ absl::Status CheckDraftDistributions(const RequestInputs& request, int32_t vocab
                                                       " ids; [num_rows - 1, N] needs ",
                                                       static_cast<int64_t>(drafts) * n));
       }
-      return CheckTokenIds(dist.token_ids, vocab_size, /*allow_none=*/true, f + ".token_ids");
+      if (auto status = CheckTokenIds(dist.token_ids, vocab_size, /*allow_none=*/true,
+                                      f + ".token_ids");
+          !status.ok()) {
+        return status;
+      }
+      return CheckDraftTensor(dist.values, drafts, n, f + ".values");
     }
   }
   return absl::OkStatus();

@@ -104,6 +104,13 @@ SeedSource RandomSeedSource();
 absl::StatusOr<StepPlan> PlanStep(const Step& step, const Limits& limits,
                                   const SeedSource& seed_source);
 
+// SPEC 6's rule for a draft row: finite logprobs and -inf only. INVALID_ARGUMENT naming
+// `field`, the row and the first NaN or +inf among `values` [n], else OK. The one place of the
+// rule on every backend: PlanStep applies it to every row a request sends (dense rows over
+// their first vocab_size columns, top-N rows' values), whether or not verification would read
+// the entry, and TakeDecodeDrafts (step_assembly.h) to every host row taken from the pool.
+absl::Status CheckDraftRow(const float* values, int32_t n, int32_t row, const std::string& field);
+
 // SPEC section 2 on one request's parameters: checks, then normalises. `field` prefixes messages.
 absl::StatusOr<NormalizedParams> NormalizeParams(const SamplingParams& params,
                                                  const Limits& limits, const std::string& field);
