@@ -45,6 +45,12 @@ class GrowBuffer {
   }
   template <typename T>
   T* as() const { return static_cast<T*>(ptr_); }
+  // Frees the memory (a rebuilt lane starts from nothing).
+  void Release() {
+    if (ptr_ != nullptr) kFree(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
 
  private:
   void* ptr_ = nullptr;
@@ -161,18 +167,61 @@ size_t Align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 // time. Buffers grow to the largest step the lane has run and are then reused: a step of a
 // size seen before allocates nothing.
 struct Lane {
-  ~Lane() {
-    if (start != nullptr) cudaEventDestroy(start);
-    if (stop != nullptr) cudaEventDestroy(stop);
-    if (stream != nullptr) cudaStreamDestroy(stream);
-  }
+  explicit Lane(int index) : index(index) {}
+  ~Lane() { Destroy(); }
   absl::Status Init() {
     SAMPLERD_CUDA_RETURN(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     SAMPLERD_CUDA_RETURN(cudaEventCreate(&start));
     SAMPLERD_CUDA_RETURN(cudaEventCreate(&stop));
     return absl::OkStatus();
   }
+  void Destroy() {
+    if (start != nullptr) cudaEventDestroy(start);
+    if (stop != nullptr) cudaEventDestroy(stop);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+    start = stop = nullptr;
+    stream = nullptr;
+  }
 
+  // After a step failed on this lane with a CUDA error (no request's fault: those are in the
+  // requests' results): makes the lane safe for the next step. Waits for what its stream still
+  // had queued (the next step reuses the staging block and the buffers those copies and kernels
+  // use), clears this thread's error, and zeroes the split path's arrival counters (a chunk
+  // kernel that stopped part-way would leave them non-zero). Where the stream cannot be waited
+  // for, the lane is rebuilt: new stream and events, every buffer freed. OK when the lane is
+  // usable; otherwise the reason, and `broken` is set so that the next step on it tries again
+  // before using it. An error that poisons the whole context (e.g. an illegal address) makes
+  // every later step fail with INTERNAL; only a restart clears it.
+  absl::Status Recover() {
+    cudaError_t error = stream != nullptr ? cudaStreamSynchronize(stream) : cudaErrorInvalidValue;
+    cudaGetLastError();
+    if (error == cudaSuccess && split_arrival_slots > 0) {
+      error = cudaMemsetAsync(split_arrivals_d.as<void>(), 0,
+                              split_arrival_slots * sizeof(unsigned int), stream);
+      if (error == cudaSuccess) error = cudaStreamSynchronize(stream);
+    }
+    if (error == cudaSuccess) {
+      broken = false;
+      return absl::OkStatus();
+    }
+    cudaGetLastError();
+    Destroy();
+    logits.Release();
+    inputs_d.Release();
+    workspace.Release();
+    split_d.Release();
+    split_arrivals_d.Release();
+    split_arrival_slots = 0;
+    staging.Release();
+    stage_d.Release();
+    absl::Status rebuilt = Init();
+    broken = !rebuilt.ok();
+    if (broken) Destroy();
+    return rebuilt;
+  }
+
+  const int index;  // in CudaBackend::Impl::lanes, for error messages
+  bool broken = false;  // Recover failed: rebuild before the next step uses it
   cudaStream_t stream = nullptr;
   cudaEvent_t start = nullptr, stop = nullptr;
   // logits: host logits copied to the device. inputs_d: everything else a launch reads or
@@ -187,6 +236,35 @@ struct Lane {
   std::vector<cuda::RowUpdate> updates;  // the launch's token updates, reused step to step
   DeviceBuffer stage_d;                  // benchmarks: the instrumented kernels' stamps
 };
+
+std::string DimText(const dim3& d) { return absl::StrCat(d.x, "x", d.y, "x", d.z); }
+
+// What a failed launch was: every launch of the step's path with its grid, block and dynamic
+// shared memory, the lane, and the step's shapes (issue 25 asks for it in the log; the service
+// logs the step's error).
+std::string DescribeLaunch(const cuda::StepParams& params, bool fused_fits, const Lane& lane,
+                           const Step& step, int masks, int q_rows) {
+  std::vector<cuda::LaunchConfig> configs;
+  if (fused_fits) {
+    configs = {cuda::SplitRowsConfig(params), cuda::FusedRowsConfig(params)};
+  } else {
+    configs = {cuda::PrepareRowsConfig(params), cuda::RowUpdatesConfig(params),
+               cuda::SampleRowsConfig(params)};
+  }
+  std::string out = absl::StrCat("launch on lane ", lane.index, ":");
+  for (const cuda::LaunchConfig& c : configs) {
+    absl::StrAppend(&out, " ", c.kernel, " grid ", DimText(c.grid), " block ", DimText(c.block),
+                    " smem ", c.dynamic_smem, " B;");
+  }
+  absl::StrAppend(&out, " step ", StepKindName(step.kind), " vocab_size ", params.vocab_size,
+                  " logits [", step.logits.rows, ", ", step.logits.cols, "] row_stride ",
+                  params.row_stride, " ", DTypeName(step.logits.dtype),
+                  step.logits.on_device ? " (device)" : " (host)", ", jobs ", params.num_jobs,
+                  " (split ", params.num_split, ", fused ", params.num_fused, "), updates ",
+                  params.num_updates, ", masks ", masks, ", host q rows ", q_rows,
+                  ", force_top_n ", step.force_top_n);
+  return out;
+}
 
 }  // namespace
 
@@ -205,7 +283,7 @@ struct CudaBackend::Impl {
                                options.device, ")");
     const int count = std::max(1, options.streams);
     for (int i = 0; i < count; ++i) {
-      auto lane = std::make_unique<Lane>();
+      auto lane = std::make_unique<Lane>(i);
       RETURN_IF_ERROR(lane->Init());
       free_lanes.push_back(lane.get());
       lanes.push_back(std::move(lane));
@@ -222,6 +300,12 @@ struct CudaBackend::Impl {
     Lane* lane = free_lanes.back();
     free_lanes.pop_back();
     return lane;
+  }
+  bool TakeInjectedFailure() {
+    int left = launch_failures.load();
+    while (left > 0 && !launch_failures.compare_exchange_weak(left, left - 1)) {
+    }
+    return left > 0;
   }
   void ReleaseLane(Lane* lane) {
     absl::MutexLock lock(&lanes_mu);
@@ -244,6 +328,8 @@ struct CudaBackend::Impl {
   std::vector<std::unique_ptr<Lane>> lanes;
   absl::Mutex lanes_mu;
   std::vector<Lane*> free_lanes ABSL_GUARDED_BY(lanes_mu);
+  // Tests: how many of the next launch points fail with a real CUDA error (InjectLaunchFailures).
+  std::atomic<int> launch_failures{0};
   // Benchmarks only (set between steps, read by the step's thread).
   std::atomic<bool> stage_timing{false};
   std::atomic<int> debug_flags{0};
@@ -380,16 +466,29 @@ absl::Status CudaBackend::Impl::RunJobs(Lane& lane, const Step& step,
     return absl::InternalError(absl::StrCat("cuda step params: ", invalid));
   }
   SAMPLERD_CUDA_RETURN(cudaEventRecord(lane.start, lane.stream));
-  if (fused_fits) {
-    // Rows with a small top-k: independent blocks over chunks of each row, the last of which
-    // finishes the row. The rest: one read of each row by a cluster of blocks, which also runs the
-    // general algorithm for the rows its candidates cannot finish.
-    SAMPLERD_CUDA_RETURN(cuda::LaunchSplitRows(params, lane.stream));
-    SAMPLERD_CUDA_RETURN(cuda::LaunchFusedRows(params, lane.stream));
-  } else {
-    SAMPLERD_CUDA_RETURN(cuda::LaunchPrepareRows(params, lane.stream));
-    SAMPLERD_CUDA_RETURN(cuda::LaunchRowUpdates(params, lane.stream));
-    SAMPLERD_CUDA_RETURN(cuda::LaunchSampleRows(params, lane.stream));
+  absl::Status launched = [&]() -> absl::Status {
+    if (TakeInjectedFailure()) {
+      // Tests only: a real CUDA error (an invalid argument, as issue 25's failed launch had)
+      // where the launches are, after this launch's inputs were queued on the stream.
+      SAMPLERD_CUDA_RETURN(cudaMemsetAsync(nullptr, 0, 16, lane.stream));
+    }
+    if (fused_fits) {
+      // Rows with a small top-k: independent blocks over chunks of each row, the last of which
+      // finishes the row. The rest: one read of each row by a cluster of blocks, which also runs
+      // the general algorithm for the rows its candidates cannot finish.
+      SAMPLERD_CUDA_RETURN(cuda::LaunchSplitRows(params, lane.stream));
+      SAMPLERD_CUDA_RETURN(cuda::LaunchFusedRows(params, lane.stream));
+    } else {
+      SAMPLERD_CUDA_RETURN(cuda::LaunchPrepareRows(params, lane.stream));
+      SAMPLERD_CUDA_RETURN(cuda::LaunchRowUpdates(params, lane.stream));
+      SAMPLERD_CUDA_RETURN(cuda::LaunchSampleRows(params, lane.stream));
+    }
+    return absl::OkStatus();
+  }();
+  if (!launched.ok()) {
+    return absl::Status(launched.code(),
+                        absl::StrCat(launched.message(), "; ",
+                                     DescribeLaunch(params, fused_fits, lane, step, masks, verifies)));
   }
   SAMPLERD_CUDA_RETURN(cudaEventRecord(lane.stop, lane.stream));
   // The results come back into the staging block they were zeroed in: pinned, read once below.
@@ -435,6 +534,7 @@ void CudaBackend::set_stage_timing(bool on, int debug_flags) {
   // Off: the probe points nowhere again (the production kernels have none: an error, ignored).
   if (!on) cuda::SetStageProbe(cuda::StageProbe{});
 }
+void CudaBackend::InjectLaunchFailures(int count) { impl_->launch_failures.store(count); }
 std::vector<double> CudaBackend::last_stage_us() const {
   absl::MutexLock lock(&impl_->stage_mu);
   return impl_->stage_us;
@@ -528,15 +628,8 @@ absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
             if (t >= 0 && t < V && q[t] == kNegInf) q[t] = pooled->logprobs[i];
           }
         }
-        // Draft logprobs of NaN or +inf are the request's error, as on the CPU backend; they
-        // are checked where verification could read them.
-        bool bad = false;
-        for (float v : q) bad |= std::isnan(v) || v == std::numeric_limits<float>::infinity();
-        if (bad) {
-          result.results[task.request].status = absl::InvalidArgumentError(absl::StrCat(
-              RequestField(task.request), ": a draft logprob at verify row ", task.index,
-              " is NaN or +inf"));
-        }
+        // PlanStep and TakeDecodeDrafts have refused rows holding NaN or +inf (SPEC 6,
+        // CheckDraftRow), the same rule as on the CPU backend.
         h.q_host = static_cast<int32_t>(q_rows.size());
         q_rows.push_back(std::move(q));
       }
@@ -586,28 +679,43 @@ absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
     Lane* lane;
     ~LaneGuard() { impl.ReleaseLane(lane); }
   } lane_guard{impl, lane};
-  // Logits: host views are copied to the device once per step (at full PCIe speed when the
-  // host memory is pinned: a registered shm region).
-  LogitsView device_logits = step.logits;
-  if (!step.logits.on_device && !jobs.empty()) {
-    const size_t bytes = static_cast<size_t>(step.logits.ByteExtent());
-    RETURN_IF_ERROR(lane->logits.Reserve(bytes));
-    SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(lane->logits.as<void>(), step.logits.data, bytes,
-                                         cudaMemcpyHostToDevice, lane->stream));
-    device_logits.data = lane->logits.as<void>();
-    device_logits.on_device = true;
-  } else if (step.logits.on_device && step.logits.ready_event != nullptr) {
-    // The producer's event (CUDA IPC): our stream waits for it, the host does not.
-    SAMPLERD_CUDA_RETURN(cudaStreamWaitEvent(
-        lane->stream, static_cast<cudaEvent_t>(const_cast<void*>(step.logits.ready_event)), 0));
-  }
   std::vector<cuda::RowResult> results;
   results.reserve(jobs.size());
   float kernel_us = 0.0f;
-  for (size_t begin = 0; begin < jobs.size(); begin += kMaxJobsPerLaunch) {
-    const size_t end = std::min(jobs.size(), begin + kMaxJobsPerLaunch);
-    RETURN_IF_ERROR(
-        impl.RunJobs(*lane, step, device_logits, jobs, begin, end, results, q_rows, &kernel_us));
+  absl::Status device_status = [&]() -> absl::Status {
+    if (lane->broken) RETURN_IF_ERROR(lane->Recover());
+    // Logits: host views are copied to the device once per step (at full PCIe speed when the
+    // host memory is pinned: a registered shm region).
+    LogitsView device_logits = step.logits;
+    if (!step.logits.on_device && !jobs.empty()) {
+      const size_t bytes = static_cast<size_t>(step.logits.ByteExtent());
+      RETURN_IF_ERROR(lane->logits.Reserve(bytes));
+      SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(lane->logits.as<void>(), step.logits.data, bytes,
+                                           cudaMemcpyHostToDevice, lane->stream));
+      device_logits.data = lane->logits.as<void>();
+      device_logits.on_device = true;
+    } else if (step.logits.on_device && step.logits.ready_event != nullptr) {
+      // The producer's event (CUDA IPC): our stream waits for it, the host does not.
+      SAMPLERD_CUDA_RETURN(cudaStreamWaitEvent(
+          lane->stream, static_cast<cudaEvent_t>(const_cast<void*>(step.logits.ready_event)), 0));
+    }
+    for (size_t begin = 0; begin < jobs.size(); begin += kMaxJobsPerLaunch) {
+      const size_t end = std::min(jobs.size(), begin + kMaxJobsPerLaunch);
+      RETURN_IF_ERROR(impl.RunJobs(*lane, step, device_logits, jobs, begin, end, results, q_rows,
+                                   &kernel_us));
+    }
+    return absl::OkStatus();
+  }();
+  if (!device_status.ok()) {
+    // The step fails as a whole (its error names the call and, for a launch, the launch); the
+    // lane is made usable for the next step before it is released.
+    const absl::Status recovered = lane->Recover();
+    if (!recovered.ok()) {
+      return absl::Status(device_status.code(),
+                          absl::StrCat(device_status.message(), "; lane ", lane->index,
+                                       " could not be rebuilt: ", recovered.message()));
+    }
+    return device_status;
   }
   result.kernel_us = kernel_us;
 

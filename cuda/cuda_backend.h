@@ -56,6 +56,12 @@ class CudaBackend final : public Backend {
   void set_stage_timing(bool on, int debug_flags = 0);
   std::vector<double> last_stage_us() const;
 
+  // Tests: the next `count` launches (one per RunJobs, on whichever lane) fail with a real CUDA
+  // error (cudaErrorInvalidValue) after their inputs were queued, as issue 25's failed launch
+  // did. That step fails with INTERNAL naming the launch's configuration; its lane is
+  // recovered and serves the next step.
+  void InjectLaunchFailures(int count);
+
  private:
   struct Impl;
   explicit CudaBackend(std::unique_ptr<Impl> impl);

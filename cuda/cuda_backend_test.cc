@@ -11,8 +11,13 @@
 #include <limits>
 #include <random>
 #include <thread>
+#include <atomic>
+#include <mutex>
+#include <gmock/gmock.h>
 
+#include "sampler/backend_compare.h"
 #include "sampler/cpu_backend.h"
+#include "sampler/draft_rule_cases.h"
 #include "sampler/dtype.h"
 #include "sampler/reference_sampler.h"
 #include "sampler/spec_rules.h"
@@ -38,122 +43,6 @@ StepResult RunStep(Backend& backend, const Step& step) {
   auto result = backend.Sample(*plan);
   EXPECT_TRUE(result.ok()) << result.status();
   return std::move(*result);
-}
-
-struct Tally {
-  int requests = 0, token_mismatches = 0, compared_logprobs = 0;
-};
-
-// SPEC 8's band, checked for the token: request `i` of `step` emitted `cpu_token` on the CPU
-// and `gpu_token` on the GPU from a fresh draw (PREFILL, no golden token). True only when, in
-// the float64 reference's distribution for that row, the two tokens are neighbours in the draw
-// order and the row's u lies within 1e-6 of the edge between their intervals. Verification
-// rows (DECODE), drafts and golden tokens are never allowed to differ: the caller fails them.
-bool InBoundaryBand(const Step& step, size_t i, int32_t cpu_token, int32_t gpu_token,
-                    std::string* why) {
-  if (step.kind != StepKind::kPrefill) {
-    *why = "not a PREFILL draw";
-    return false;
-  }
-  auto plan = PlanStep(step, Limits{}, [] { return uint64_t{9}; });
-  if (!plan.ok() || plan->requests[i].sampled_rows.size() != 1) {
-    *why = "no single sampled row";
-    return false;
-  }
-  const RequestPlan& request = plan->requests[i];
-  const SampledRow& row = request.sampled_rows[0];
-  if (row.golden >= 0) {
-    *why = "a golden token";
-    return false;
-  }
-  const LogitsView& logits = step.logits;
-  std::vector<float> raw(static_cast<size_t>(logits.cols));
-  const char* base = static_cast<const char*>(logits.data) +
-                     static_cast<int64_t>(row.row) * logits.row_stride * DTypeSize(logits.dtype);
-  for (int32_t c = 0; c < logits.cols; ++c) {
-    if (logits.dtype == DType::kFloat32) {
-      std::memcpy(&raw[c], base + 4 * c, 4);
-    } else {
-      uint16_t bits;
-      std::memcpy(&bits, base + 2 * c, 2);
-      raw[c] = logits.dtype == DType::kBFloat16 ? BFloat16ToFloat(bits) : HalfToFloat(bits);
-    }
-  }
-  ReferenceOptions options;
-  options.vocab_size = step.vocab_size;
-  options.force_top_n = step.force_top_n;
-  options.mask = row.mask;
-  options.prompt_tokens = request.inputs->prompt_token_ids;
-  options.output_tokens = request.inputs->output_token_ids;
-  options.sent = &request.inputs->params;
-  const ReferenceRow ref = ReferenceProcess(raw, request.params, options);
-  const double u = UniformDouble(request.seed, SequenceNumber(row.position, DrawCase::kFresh));
-  double cumulative = 0.0, sum = 0.0;
-  for (int32_t t : ref.order) sum += ref.probs[t];
-  for (size_t k = 0; k + 1 < ref.order.size(); ++k) {
-    cumulative += ref.probs[ref.order[k]];
-    const int32_t a = ref.order[k], b = ref.order[k + 1];
-    if ((a == cpu_token && b == gpu_token) || (a == gpu_token && b == cpu_token)) {
-      const double distance = std::fabs(cumulative / sum - u);
-      *why = "u = " + std::to_string(u) + " is " + std::to_string(distance) +
-             " from the edge between them";
-      return distance <= 1e-6;
-    }
-  }
-  *why = "the tokens are not neighbours in the reference's order";
-  return false;
-}
-
-// CPU vs CUDA: equal status codes; equal tokens, except a token that lies in SPEC 8's boundary
-// band (checked for that token by InBoundaryBand; counted and printed); logprobs of equal
-// tokens within 1e-5 (values >= -20).
-void Compare(const StepResult& cpu, const StepResult& gpu, Tally& tally, const std::string& what,
-             const Step& step) {
-  ASSERT_EQ(cpu.results.size(), gpu.results.size()) << what;
-  for (size_t i = 0; i < cpu.results.size(); ++i) {
-    const RequestResult& a = cpu.results[i];
-    const RequestResult& b = gpu.results[i];
-    SCOPED_TRACE(what + " request " + std::to_string(i));
-    ASSERT_EQ(a.status.code(), b.status.code()) << a.status << " vs " << b.status;
-    EXPECT_EQ(a.status.message(), b.status.message());
-    EXPECT_EQ(a.seq_seed, b.seq_seed);
-    ++tally.requests;
-    if (!a.status.ok()) continue;
-    if (a.token_ids != b.token_ids || a.num_accepted != b.num_accepted) {
-      ++tally.token_mismatches;
-      std::string why;
-      const bool band = a.token_ids.size() == 1 && b.token_ids.size() == 1 &&
-                        InBoundaryBand(step, i, a.token_ids[0], b.token_ids[0], &why);
-      EXPECT_TRUE(band) << "tokens differ outside SPEC 8's boundary band (" << why << ")";
-      if (band) std::printf("%s request %zu: boundary-band token (%s)\n", what.c_str(), i, why.c_str());
-      continue;
-    }
-    auto near = [&](float x, float y) {
-      if (std::isinf(x) || std::isinf(y)) return x == y;
-      if (x < -20.0f && y < -20.0f) return true;
-      return std::fabs(x - y) <= 1e-5f;
-    };
-    for (size_t k = 0; k < a.logprobs.size(); ++k) {
-      EXPECT_TRUE(near(a.logprobs[k], b.logprobs[k])) << a.logprobs[k] << " vs " << b.logprobs[k];
-      ++tally.compared_logprobs;
-    }
-    ASSERT_EQ(a.top_logprobs.size(), b.top_logprobs.size());
-    for (size_t k = 0; k < a.top_logprobs.size(); ++k) {
-      for (size_t r = 0; r < a.top_logprobs[k].token_ids.size(); ++r) {
-        // Ranks with equal-to-rounding logprobs may swap; compare values, ids where distinct.
-        EXPECT_TRUE(near(a.top_logprobs[k].logprobs[r], b.top_logprobs[k].logprobs[r]));
-      }
-    }
-    ASSERT_EQ(a.sum_smaller_probs.size(), b.sum_smaller_probs.size());
-    for (size_t k = 0; k < a.sum_smaller_probs.size(); ++k) {
-      EXPECT_NEAR(a.sum_smaller_probs[k], b.sum_smaller_probs[k], 1e-5);
-    }
-    ASSERT_EQ(a.prompt_logprobs.size(), b.prompt_logprobs.size());
-    for (size_t k = 0; k < a.prompt_logprobs.size(); ++k) {
-      EXPECT_TRUE(near(a.prompt_logprobs[k], b.prompt_logprobs[k]))
-          << k << ": " << a.prompt_logprobs[k] << " vs " << b.prompt_logprobs[k];
-    }
-  }
 }
 
 std::vector<SamplingParams> ParamSets() {
@@ -211,7 +100,7 @@ TEST(CudaBackend, PrefillMatchesCpuOverEveryFeature) {
   auto gpu = Gpu();
   ASSERT_NE(gpu, nullptr);
   auto cpu = Cpu();
-  Tally tally;
+  CompareTally tally;
   uint64_t seed = 1;
   for (int32_t vocab : {37, 1000, 32000, 129280}) {
     for (const SamplingParams& params : ParamSets()) {
@@ -226,7 +115,7 @@ TEST(CudaBackend, PrefillMatchesCpuOverEveryFeature) {
           mask_storage.reserve(rows);
           const Step step = PrefillStep(logits, vocab, rows, seed, params,
                                         force < vocab ? force : 0, masks, &mask_storage);
-          Compare(RunStep(*cpu, step), RunStep(*gpu, step), tally,
+          CompareWithCpu(RunStep(*cpu, step), RunStep(*gpu, step), tally,
                   "V=" + std::to_string(vocab) + " seed=" + std::to_string(seed), step);
           ++seed;
           if (HasFatalFailure()) return;
@@ -246,7 +135,7 @@ TEST(CudaBackend, RandomTokenAdjustmentsMatchCpu) {
   auto gpu = Gpu();
   ASSERT_NE(gpu, nullptr);
   auto cpu = Cpu();
-  Tally tally;
+  CompareTally tally;
   std::mt19937_64 rng(77);
   auto token = [&](int32_t vocab) { return static_cast<int32_t>(rng() % vocab); };
   auto adjust = [&](SamplingParams& p, int32_t vocab, const std::vector<int32_t>& history) {
@@ -285,7 +174,7 @@ TEST(CudaBackend, RandomTokenAdjustmentsMatchCpu) {
       Step step = PrefillStep(logits, vocab, rows, seed + 50, sets[seed % sets.size()], 0,
                               /*masks=*/seed % 2 == 1, &mask_storage);
       for (RequestInputs& r : step.requests) adjust(r.params, vocab, r.output_token_ids);
-      Compare(RunStep(*cpu, step), RunStep(*gpu, step), tally,
+      CompareWithCpu(RunStep(*cpu, step), RunStep(*gpu, step), tally,
               "prefill V=" + std::to_string(vocab) + " seed=" + std::to_string(seed), step);
       if (HasFatalFailure()) return;
 
@@ -319,7 +208,7 @@ TEST(CudaBackend, RandomTokenAdjustmentsMatchCpu) {
         d.drafts.values = q_rows.RowsView(i * (q - 1), q - 1);
         decode.requests.push_back(d);
       }
-      Compare(RunStep(*cpu, decode), RunStep(*gpu, decode), tally,
+      CompareWithCpu(RunStep(*cpu, decode), RunStep(*gpu, decode), tally,
               "decode V=" + std::to_string(vocab) + " seed=" + std::to_string(seed), decode);
       if (HasFatalFailure()) return;
     }
@@ -333,7 +222,7 @@ TEST(CudaBackend, VocabularyTooWideForTheFusedPathMatchesCpu) {
   auto gpu = Gpu();
   ASSERT_NE(gpu, nullptr);
   auto cpu = Cpu();
-  Tally tally;
+  CompareTally tally;
   const int32_t vocab = 400000;
   HostLogits logits(3, vocab, 91, 2.5f);
   std::vector<std::string> masks;
@@ -341,7 +230,7 @@ TEST(CudaBackend, VocabularyTooWideForTheFusedPathMatchesCpu) {
   int k = 0;
   for (const SamplingParams& params : ParamSets()) {
     const Step step = PrefillStep(logits, vocab, 3, 500 + k++, params, 0, true, &masks);
-    Compare(RunStep(*cpu, step), RunStep(*gpu, step), tally, "V=400000", step);
+    CompareWithCpu(RunStep(*cpu, step), RunStep(*gpu, step), tally, "V=400000", step);
     masks.clear();
   }
   std::printf("V=400000: %d requests, %d boundary-band tokens\n", tally.requests,
@@ -352,7 +241,7 @@ TEST(CudaBackend, Bf16Fp16PromptLogprobsGoldenAndNanMatchCpu) {
   auto gpu = Gpu();
   ASSERT_NE(gpu, nullptr);
   auto cpu = Cpu();
-  Tally tally;
+  CompareTally tally;
   const int32_t vocab = 32000, prompt = 40;
   HostLogits logits(prompt + 3, vocab, 77, 2.0f);
   logits.Row(prompt + 2)[17] = std::nanf("");  // request 2's sampled row
@@ -379,7 +268,7 @@ TEST(CudaBackend, Bf16Fp16PromptLogprobsGoldenAndNanMatchCpu) {
     step.requests = {a, b, c};
     const StepResult on_cpu = RunStep(*cpu, step);
     const StepResult on_gpu = RunStep(*gpu, step);
-    Compare(on_cpu, on_gpu, tally, std::string("dtype ") + DTypeName(dtype), step);
+    CompareWithCpu(on_cpu, on_gpu, tally, std::string("dtype ") + DTypeName(dtype), step);
     EXPECT_EQ(on_gpu.results[1].token_ids, std::vector<int32_t>{1234});
     EXPECT_EQ(on_gpu.results[2].status.code(), absl::StatusCode::kInvalidArgument);
   }
@@ -394,7 +283,7 @@ TEST(CudaBackend, SplitPathTiesOverflowAndPromptRowsMatchCpu) {
   auto gpu = Gpu();
   ASSERT_NE(gpu, nullptr);
   auto cpu = Cpu();
-  Tally tally;
+  CompareTally tally;
   for (int32_t vocab : {8200, 129280}) {
     const int rows = 6, prompt = 5;
     HostLogits logits(rows + prompt, vocab, 31, 2.0f);
@@ -441,7 +330,7 @@ TEST(CudaBackend, SplitPathTiesOverflowAndPromptRowsMatchCpu) {
         p.params.temperature = 0.9f;
         p.params.top_k = top_k;
         step.requests.push_back(p);
-        Compare(RunStep(*cpu, step), RunStep(*gpu, step), tally,
+        CompareWithCpu(RunStep(*cpu, step), RunStep(*gpu, step), tally,
                 "V=" + std::to_string(vocab) + " top_k=" + std::to_string(top_k) + " " +
                     DTypeName(dtype),
                 step);
@@ -457,7 +346,7 @@ TEST(CudaBackend, DecodeAndDraftMatchCpu) {
   auto gpu = Gpu();
   ASSERT_NE(gpu, nullptr);
   auto cpu = Cpu();
-  Tally tally;
+  CompareTally tally;
   const int32_t vocab = 32000, requests = 6, q = 4;
   for (int form = 0; form < 3; ++form) {  // dense, top-N, pool
     for (uint64_t seed = 0; seed < 3; ++seed) {
@@ -491,7 +380,7 @@ TEST(CudaBackend, DecodeAndDraftMatchCpu) {
       }
       const StepResult cpu_draft = RunStep(*cpu, draft);
       const StepResult gpu_draft = RunStep(*gpu, draft);
-      Compare(cpu_draft, gpu_draft, tally, "draft", draft);
+      CompareWithCpu(cpu_draft, gpu_draft, tally, "draft", draft);
       std::vector<HostLogits> dense;
       std::vector<HostLogits> topn_values;
       std::vector<std::vector<int32_t>> topn_ids(requests);
@@ -541,7 +430,7 @@ TEST(CudaBackend, DecodeAndDraftMatchCpu) {
         }
         decode.requests.push_back(r);
       }
-      Compare(RunStep(*cpu, decode), RunStep(*gpu, decode), tally,
+      CompareWithCpu(RunStep(*cpu, decode), RunStep(*gpu, decode), tally,
               "decode form " + std::to_string(form) + " seed " + std::to_string(seed), decode);
       if (HasFatalFailure()) return;
     }
@@ -643,7 +532,7 @@ TEST(CudaBackend, DraftPoolLivesOnTheDevice) {
 // them (counted in `tally`).
 template <typename Shape, typename Requests, typename CheckCpu>
 void CompareOnEveryPath(int rows, uint64_t seed, std::initializer_list<int32_t> top_ks, Shape shape,
-                        Requests requests, CheckCpu check_cpu, Tally& tally) {
+                        Requests requests, CheckCpu check_cpu, CompareTally& tally) {
   auto gpu = Gpu();
   ASSERT_NE(gpu, nullptr);
   auto cpu = Cpu();
@@ -660,7 +549,7 @@ void CompareOnEveryPath(int rows, uint64_t seed, std::initializer_list<int32_t> 
         const StepResult on_cpu = RunStep(*cpu, step);
         check_cpu(on_cpu, force, what);
         if (::testing::Test::HasFatalFailure()) return;
-        Compare(on_cpu, RunStep(*gpu, step), tally, what, step);
+        CompareWithCpu(on_cpu, RunStep(*gpu, step), tally, what, step);
         if (::testing::Test::HasFatalFailure()) return;
       }
     }
@@ -671,7 +560,7 @@ void CompareOnEveryPath(int rows, uint64_t seed, std::initializer_list<int32_t> 
 // request, on every kernel path, with the CPU backend's status and message; the same huge
 // values masked out, or at T >= 1, are sampled normally.
 TEST(CudaBackend, ValuesLeavingFloat32FailTheirRequestOnEveryPath) {
-  Tally tally;
+  CompareTally tally;
   CompareOnEveryPath(
       7, 17, {-1, 20},
       [](HostLogits& logits, int32_t vocab) {
@@ -729,7 +618,7 @@ TEST(CudaBackend, ValuesLeavingFloat32FailTheirRequestOnEveryPath) {
 // a huge finite T makes scores subnormal, where distant x can share a score. On every path.
 TEST(CudaBackend, SignedZerosAndHugeTemperaturesMatchCpu) {
   const int rows = 4;
-  Tally tally;
+  CompareTally tally;
   CompareOnEveryPath(
       rows, 23, {-1, 20, 300},
       [](HostLogits& logits, int32_t vocab) {
@@ -864,6 +753,149 @@ TEST(CudaBackend, ConcurrentStepsOnAllLanesGiveTheSameResultsAsAlone) {
       }
     }
   }
+}
+
+// SPEC 6: NaN or +inf anywhere in a sent or pooled draft row fails its request on the GPU
+// exactly as on the CPU (same code, same message), read by verification or not.
+TEST(CudaBackend, DraftRowsWithNaNOrPosInfFailTheirRequestAsOnTheCpu) {
+  auto gpu = Gpu();
+  ASSERT_NE(gpu, nullptr);
+  CompareTally tally;
+  for (DraftRuleCase& c : DraftRuleCases()) {
+    SCOPED_TRACE(c.what);
+    auto cpu = Cpu();
+    if (c.prepare_pool) {
+      c.prepare_pool(cpu->draft_pool());
+      c.prepare_pool(gpu->draft_pool());
+    }
+    const StepResult on_cpu = RunStep(*cpu, c.step);
+    const StepResult on_gpu = RunStep(*gpu, c.step);
+    CompareWithCpu(on_cpu, on_gpu, tally, c.what, c.step);
+    EXPECT_EQ(on_gpu.results[0].status.code(), c.code) << on_gpu.results[0].status;
+    EXPECT_TRUE(on_gpu.results[1].status.ok()) << on_gpu.results[1].status;
+  }
+  EXPECT_EQ(tally.token_mismatches, 0);
+}
+
+// Issue 25's step: DECODE, V 250 in 251 columns, force_top_n 42, 8 rows; one request with
+// top_logprobs -1 and one with a draft id of 250 (each fails alone) beside the valid one.
+struct IssueStep {
+  IssueStep() : logits(8, 251, 2525, 3.0f) {
+    step = MakeStep(StepKind::kDecode, logits, 250);
+    step.force_top_n = 42;
+    RequestInputs bad_top;
+    bad_top.request_id = "bad-top";
+    bad_top.first_row = 0;
+    bad_top.num_rows = 2;
+    bad_top.params.top_logprobs = -1;
+    bad_top.params.seq_seed = 1;
+    bad_top.draft_token_ids = {5};
+    bad_top.drafts.form = DraftDistributions::Form::kTopN;
+    draft_values = HostLogits(1, 1);
+    draft_values.values[0] = -0.5f;
+    bad_top.drafts.values = draft_values.View();
+    bad_top.drafts.token_ids = {5};
+    RequestInputs bad_draft = bad_top;
+    bad_draft.request_id = "bad-draft";
+    bad_draft.first_row = 2;
+    bad_draft.params.top_logprobs = 2;
+    bad_draft.draft_token_ids = {250};
+    RequestInputs valid;
+    valid.request_id = "valid";
+    valid.first_row = 5;
+    valid.num_rows = 1;
+    valid.params.temperature = 0.318f;
+    valid.params.top_p = 0.855f;
+    valid.params.min_p = 0.214f;
+    valid.params.seq_seed = 3;
+    step.requests = {bad_top, bad_draft, valid};
+  }
+  HostLogits logits;
+  HostLogits draft_values{1, 1};
+  Step step;
+};
+
+// The race behind issue 25's INTERNAL step: the fused kernel's shared-memory limit was set per
+// launch, so a V = 2 step's smaller limit could land between a V = 250 step's set and its
+// launch on another lane (cudaErrorInvalidValue). Both shapes from 8 threads on 4 lanes; every
+// answer is the CPU's.
+TEST(CudaBackend, IssueStepBesideTinyVocabularyStepsOnEveryLaneNeverFails) {
+  CudaBackendOptions options;
+  options.streams = 4;
+  auto created = CudaBackend::Create(options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  CudaBackend& gpu = **created;
+  const IssueStep issue;
+  const HostLogits tiny_logits(4, 2, 77, 1.0f);
+  Step tiny = MakeStep(StepKind::kPrefill, tiny_logits, 2);
+  for (int r = 0; r < 4; ++r) tiny.requests.push_back(PrefillRequest("t" + std::to_string(r), r, 40 + r));
+  auto cpu = Cpu();
+  const StepResult want_issue = RunStep(*cpu, issue.step);
+  const StepResult want_tiny = RunStep(*cpu, tiny);
+  ASSERT_EQ(want_issue.results[0].status.code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_EQ(want_issue.results[1].status.code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(want_issue.results[2].status.ok());
+  constexpr int kThreads = 8, kSteps = 200;
+  std::atomic<int> failed_steps{0};
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  CompareTally tally;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < kSteps; ++k) {
+        const bool wide = (t + k) % 2 == 0;
+        const Step& step = wide ? issue.step : tiny;
+        auto plan = PlanStep(step, Limits{}, [] { return uint64_t{9}; });
+        auto result = gpu.Sample(*plan);
+        if (!result.ok()) {
+          ++failed_steps;
+          std::lock_guard<std::mutex> lock(mu);
+          ADD_FAILURE() << "thread " << t << " step " << k << ": " << result.status();
+          continue;
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        CompareWithCpu(wide ? want_issue : want_tiny, *result, tally, wide ? "issue" : "tiny", step);
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(failed_steps.load(), 0);
+  EXPECT_EQ(tally.token_mismatches, 0);
+  std::printf("issue step beside V = 2: %d steps on 4 lanes, %d failed\n", kThreads * kSteps,
+              failed_steps.load());
+}
+
+// A CUDA error that is no request's fault (a real cudaErrorInvalidValue where the launches
+// are, after the step's inputs were queued) fails only the step that hit it, with its launch
+// configuration in the message; the lane then serves the next steps, whose answers are the CPU's.
+TEST(CudaBackend, AFailedLaunchFailsOnlyItsStepAndItsLaneServesTheNext) {
+  CudaBackendOptions options;
+  options.streams = 1;  // the failed step's lane is the one the next steps use
+  auto created = CudaBackend::Create(options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  CudaBackend& gpu = **created;
+  const IssueStep issue;
+  auto cpu = Cpu();
+  const StepResult want = RunStep(*cpu, issue.step);
+  auto plan = PlanStep(issue.step, Limits{}, [] { return uint64_t{9}; });
+  ASSERT_TRUE(plan.ok());
+  gpu.InjectLaunchFailures(1);
+  auto failed = gpu.Sample(*plan);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal);
+  const std::string message(failed.status().message());
+  EXPECT_THAT(message, ::testing::HasSubstr("cudaErrorInvalidValue"));
+  EXPECT_THAT(message, ::testing::HasSubstr("launch on lane 0: SplitRowKernel grid 1x0x1 block 256x1x1"));
+  EXPECT_THAT(message, ::testing::HasSubstr("ClusterSampleKernel grid 8x1x1 block"));
+  EXPECT_THAT(message, ::testing::HasSubstr("step DECODE vocab_size 250 logits [8, 251] row_stride 251"));
+  std::printf("failed launch: %s\n", message.c_str());
+  CompareTally tally;
+  for (int k = 0; k < 5; ++k) {
+    auto again = gpu.Sample(*plan);
+    ASSERT_TRUE(again.ok()) << again.status();
+    CompareWithCpu(want, *again, tally, "after the failed launch", issue.step);
+  }
+  EXPECT_EQ(tally.token_mismatches, 0);
 }
 
 }  // namespace

@@ -2,6 +2,9 @@
 // every pass there; block 0 finishes from the candidates the cluster gathers.
 #include <cfloat>
 #include <cmath>
+#include <mutex>
+#include <vector>
+#include <algorithm>
 
 #include <cooperative_groups.h>
 
@@ -326,17 +329,47 @@ bool FusedPathFits(int32_t vocab_size) {
   return static_cast<size_t>(FusedChunk(vocab_size)) * sizeof(float) <= detail::kMaxFusedChunkBytes;
 }
 
-cudaError_t LaunchFusedRows(const StepParams& params, cudaStream_t stream) {
-  const int jobs = params.fused_jobs != nullptr ? params.num_fused : params.num_jobs;
-  if (jobs == 0) return cudaSuccess;
-  const int chunk = FusedChunk(params.vocab_size);
-  const size_t smem = static_cast<size_t>(chunk) * sizeof(float);
-  cudaError_t error = cudaFuncSetAttribute(detail::ClusterSampleKernel,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem));
+namespace {
+
+// Lets ClusterSampleKernel use up to kMaxFusedChunkBytes of dynamic shared memory on the
+// current device, once per device. The limit is an attribute of the function, shared by every
+// thread that launches it: set per launch to that launch's own size, as it once was, one
+// lane's smaller value could land between another lane's set and its launch, which then failed
+// with cudaErrorInvalidValue (issue 25: a V = 250 step beside V = 2 steps). The attribute only
+// caps what a launch may ask for; each launch still asks for its own chunk.
+cudaError_t AllowFusedSharedMemory() {
+  int device = 0;
+  cudaError_t error = cudaGetDevice(&device);
   if (error != cudaSuccess) return error;
-  detail::ClusterSampleKernel<<<jobs * detail::kClusterBlocks, detail::kClusterThreads, smem,
-                                stream>>>(params, chunk);
+  static std::mutex mu;
+  static std::vector<int> devices_done;
+  std::lock_guard<std::mutex> lock(mu);
+  if (std::find(devices_done.begin(), devices_done.end(), device) != devices_done.end()) {
+    return cudaSuccess;
+  }
+  error = cudaFuncSetAttribute(detail::ClusterSampleKernel,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(detail::kMaxFusedChunkBytes));
+  if (error == cudaSuccess) devices_done.push_back(device);
+  return error;
+}
+
+}  // namespace
+
+LaunchConfig FusedRowsConfig(const StepParams& params) {
+  const int jobs = params.fused_jobs != nullptr ? params.num_fused : params.num_jobs;
+  const size_t smem = static_cast<size_t>(FusedChunk(params.vocab_size)) * sizeof(float);
+  return LaunchConfig{"ClusterSampleKernel", dim3(jobs * detail::kClusterBlocks),
+                      dim3(detail::kClusterThreads), smem};
+}
+
+cudaError_t LaunchFusedRows(const StepParams& params, cudaStream_t stream) {
+  const LaunchConfig config = FusedRowsConfig(params);
+  if (config.grid.x == 0) return cudaSuccess;
+  const cudaError_t error = AllowFusedSharedMemory();
+  if (error != cudaSuccess) return error;
+  detail::ClusterSampleKernel<<<config.grid, config.block, config.dynamic_smem, stream>>>(
+      params, FusedChunk(params.vocab_size));
   return cudaGetLastError();
 }
 

@@ -90,25 +90,41 @@ size_t StepParams::WorkspaceBytes(int32_t num_jobs, int32_t vocab_size) {
          static_cast<size_t>(num_jobs) * sizeof(unsigned int);
 }
 
+LaunchConfig PrepareRowsConfig(const StepParams& params) {
+  return LaunchConfig{"PrepareRowsKernel",
+                      dim3((params.vocab_size + detail::kPrepareChunk - 1) / detail::kPrepareChunk,
+                           params.num_jobs),
+                      dim3(detail::kPrepareThreads), 0};
+}
+
+LaunchConfig RowUpdatesConfig(const StepParams& params) {
+  constexpr int kThreads = 256;
+  return LaunchConfig{"RowUpdatesKernel", dim3((params.num_updates + kThreads - 1) / kThreads),
+                      dim3(kThreads), 0};
+}
+
+LaunchConfig SampleRowsConfig(const StepParams& params) {
+  return LaunchConfig{"SampleRowsKernel", dim3(params.num_jobs), dim3(detail::kSampleThreads), 0};
+}
+
 cudaError_t LaunchPrepareRows(const StepParams& params, cudaStream_t stream) {
   if (params.num_jobs == 0) return cudaSuccess;
-  const dim3 grid((params.vocab_size + detail::kPrepareChunk - 1) / detail::kPrepareChunk,
-                  params.num_jobs);
-  detail::PrepareRowsKernel<<<grid, detail::kPrepareThreads, 0, stream>>>(params);
+  const LaunchConfig config = PrepareRowsConfig(params);
+  detail::PrepareRowsKernel<<<config.grid, config.block, 0, stream>>>(params);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchRowUpdates(const StepParams& params, cudaStream_t stream) {
   if (params.num_updates == 0) return cudaSuccess;
-  const int threads = 256;
-  detail::RowUpdatesKernel<<<(params.num_updates + threads - 1) / threads, threads, 0, stream>>>(
-      params);
+  const LaunchConfig config = RowUpdatesConfig(params);
+  detail::RowUpdatesKernel<<<config.grid, config.block, 0, stream>>>(params);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchSampleRows(const StepParams& params, cudaStream_t stream) {
   if (params.num_jobs == 0) return cudaSuccess;
-  detail::SampleRowsKernel<<<params.num_jobs, detail::kSampleThreads, 0, stream>>>(params);
+  const LaunchConfig config = SampleRowsConfig(params);
+  detail::SampleRowsKernel<<<config.grid, config.block, 0, stream>>>(params);
   return cudaGetLastError();
 }
 

@@ -130,6 +130,20 @@ struct StepParams {
   [[nodiscard]] static size_t WorkspaceBytes(int32_t num_jobs, int32_t vocab_size);
 };
 
+// A launch's configuration as its launcher computes it: what a failed launch reports
+// (CudaBackend puts it in the step's INTERNAL error, which the service logs).
+struct LaunchConfig {
+  const char* kernel;
+  dim3 grid;
+  dim3 block;
+  size_t dynamic_smem;  // bytes
+};
+LaunchConfig FusedRowsConfig(const StepParams& params);
+LaunchConfig SplitRowsConfig(const StepParams& params);
+LaunchConfig PrepareRowsConfig(const StepParams& params);
+LaunchConfig RowUpdatesConfig(const StepParams& params);
+LaunchConfig SampleRowsConfig(const StepParams& params);
+
 // The fused path (one read of each row; a cluster of blocks per row; rows its candidates
 // cannot finish go through the general algorithm in the same launch). Needs
 // FusedPathFits(vocab_size).

@@ -658,13 +658,19 @@ size_t SplitScratchBytes(int32_t num_split, int32_t vocab_size) {
   return slots * (sizeof(detail::SplitPartial) + kSplitMaxK * (sizeof(float) + sizeof(int32_t)));
 }
 
+LaunchConfig SplitRowsConfig(const StepParams& params) {
+  return LaunchConfig{"SplitRowKernel",
+                      dim3((params.vocab_size + kSplitChunk - 1) / kSplitChunk, params.num_split),
+                      dim3(detail::kSplitThreads), 0};
+}
+
 cudaError_t LaunchSplitRows(const StepParams& params, cudaStream_t stream) {
   if (params.num_split == 0) return cudaSuccess;
-  const dim3 grid((params.vocab_size + kSplitChunk - 1) / kSplitChunk, params.num_split);
+  const LaunchConfig config = SplitRowsConfig(params);
   if (params.dtype == kF32) {
-    detail::SplitRowKernel<4><<<grid, detail::kSplitThreads, 0, stream>>>(params);
+    detail::SplitRowKernel<4><<<config.grid, config.block, 0, stream>>>(params);
   } else {
-    detail::SplitRowKernel<8><<<grid, detail::kSplitThreads, 0, stream>>>(params);
+    detail::SplitRowKernel<8><<<config.grid, config.block, 0, stream>>>(params);
   }
   return cudaGetLastError();
 }

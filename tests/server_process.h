@@ -36,10 +36,12 @@ class ServerProcess {
     if (pid_ > 0) Stop(SIGKILL);
   }
 
-  absl::Status Start() {
+  // Waits at most `timeout_s` for the server's port file.
+  absl::Status Start(int timeout_s = 10) {
     const std::string port_file = dir_ + "/port";
-    std::vector<std::string> args = {binary_, "--listen=127.0.0.1:0",
-                                     "--port_file=" + port_file, "--log_level=warn"};
+    std::vector<std::string> args = wrapper_;
+    args.insert(args.end(), {binary_, "--listen=127.0.0.1:0", "--port_file=" + port_file,
+                             "--log_level=warn"});
     args.insert(args.end(), flags_.begin(), flags_.end());
     pid_ = fork();
     if (pid_ == 0) {
@@ -53,11 +55,11 @@ class ServerProcess {
       std::vector<char*> argv;
       for (std::string& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
-      execv(argv[0], argv.data());
+      execvp(argv[0], argv.data());  // a wrapper is found on PATH
       _exit(127);
     }
     if (pid_ < 0) return absl::InternalError("fork failed");
-    for (int i = 0; i < 200; ++i) {
+    for (int i = 0; i < 20 * timeout_s; ++i) {
       std::ifstream in(port_file);
       if (in >> port_ >> metrics_port_) return absl::OkStatus();
       int status;
@@ -67,7 +69,8 @@ class ServerProcess {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    return absl::DeadlineExceededError("samplerd did not write its port file in 10 s");
+    return absl::DeadlineExceededError(
+        absl::StrCat("samplerd did not write its port file in ", timeout_s, " s"));
   }
 
   // Sends `signal`, waits, and returns the exit code (128 + signal if killed by one).
@@ -92,6 +95,9 @@ class ServerProcess {
   }
   void Signal(int signal) { kill(pid_, signal); }
 
+  // Before Start: words run before samplerd on its command line (e.g. compute-sanitizer and
+  // its flags); the process started, signalled and waited for is then the wrapper.
+  void set_wrapper(std::vector<std::string> wrapper) { wrapper_ = std::move(wrapper); }
   // Before Start: the server's stdout and stderr go to `path` instead of ours.
   void set_log_file(std::string path) { log_file_ = std::move(path); }
   std::string target() const { return absl::StrCat("127.0.0.1:", port_); }
@@ -117,6 +123,7 @@ class ServerProcess {
   const std::vector<std::string> flags_;
   std::string dir_;
   std::string log_file_;
+  std::vector<std::string> wrapper_;
   pid_t pid_ = -1;
   int port_ = 0;
   int metrics_port_ = 0;
