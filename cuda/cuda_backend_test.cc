@@ -898,5 +898,60 @@ TEST(CudaBackend, AFailedLaunchFailsOnlyItsStepAndItsLaneServesTheNext) {
   EXPECT_EQ(tally.token_mismatches, 0);
 }
 
+// The replacement after a rejection is drawn from the residual max(0, p - q) in the order
+// residual descending, ties by id (SPEC 5). Tokens 0-9 tie in p; q gives 3, 5 and 7 residuals
+// below p by 1e-12, 1e-20 and 1e-9: in float64 5 still ties (1e-20 is under p's ulp), 3 and 7
+// fall behind, where a float image of the residual tied all ten and drew by id: the stress
+// test found the kernels answering so (both the fused path's finish and, with force top-N, the
+// general algorithm). 64 seeds a configuration; every token must be the CPU's.
+TEST(CudaBackend, ResidualDrawOrdersNearTiesAsTheCpu) {
+  auto gpu = Gpu();
+  ASSERT_NE(gpu, nullptr);
+  auto cpu = Cpu();
+  constexpr int32_t kVocab = 64;
+  constexpr int kRequests = 64;
+  HostLogits logits(2 * kRequests, kVocab);
+  HostLogits q(kRequests, kVocab);
+  for (int r = 0; r < kRequests; ++r) {
+    for (int32_t t = 0; t < kVocab; ++t) {
+      logits.Row(2 * r)[t] = t < 10 ? 1.0f : -6.0f - 0.01f * t;
+      logits.Row(2 * r + 1)[t] = 0.5f * static_cast<float>(t % 7);
+      q.Row(r)[t] = -std::numeric_limits<float>::infinity();
+    }
+    q.Row(r)[40] = std::log(0.5f);  // the draft: p(40) is tiny, so it is rejected
+    q.Row(r)[3] = std::log(1e-12f);
+    q.Row(r)[5] = std::log(1e-20f);
+    q.Row(r)[7] = std::log(1e-9f);
+  }
+  CompareTally tally;
+  for (int32_t force : {0, 32}) {
+    Step step = MakeStep(StepKind::kDecode, logits, kVocab);
+    step.force_top_n = force;
+    for (int r = 0; r < kRequests; ++r) {
+      RequestInputs req;
+      req.request_id = "r" + std::to_string(r);
+      req.first_row = 2 * r;
+      req.num_rows = 2;
+      req.sample_position = 1000 + r;
+      req.params.seq_seed = 7000 + r;
+      req.draft_token_ids = {40};
+      req.drafts.form = DraftDistributions::Form::kDense;
+      req.drafts.values = q.RowsView(r, 1);
+      step.requests.push_back(req);
+    }
+    const StepResult on_cpu = RunStep(*cpu, step);
+    const StepResult on_gpu = RunStep(*gpu, step);
+    CompareWithCpu(on_cpu, on_gpu, tally, "force_top_n " + std::to_string(force), step);
+    int replaced_behind = 0;  // replacements that only the float64 order draws right
+    for (const RequestResult& r : on_cpu.results) {
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      EXPECT_EQ(r.num_accepted, 0);
+      replaced_behind += r.token_ids[0] >= 3 && r.token_ids[0] <= 9;
+    }
+    EXPECT_GT(replaced_behind, 10) << "the seeds must reach the reordered intervals";
+  }
+  EXPECT_EQ(tally.token_mismatches, 0);
+}
+
 }  // namespace
 }  // namespace samplerd

@@ -87,14 +87,15 @@ static __device__ void FinishCandidates(Shared& sh, const RowJob& job, RowResult
                            exp(static_cast<double>(job.q_dense[sh.cand_id[i]]));
           return r > 0.0 ? r : 0.0;
         };
+        // Sorted by the float64 residual itself (sh.cum until PrefixSums overwrites it).
         for (int i = threadIdx.x; i < kept; i += blockDim.x) {
           const double r = residual(i);
-          sh.cand_key[i] = r > 0.0 ? static_cast<float>(r) : kNegInf;
+          sh.cum[i] = r > 0.0 ? r : -INFINITY;
         }
         __syncthreads();
-        SortCandidates(sh, kept);
+        SortCandidatesBy(sh, kept, sh.cum);
         int positive = 0;
-        for (int i = threadIdx.x; i < kept; i += blockDim.x) positive += sh.cand_key[i] != kNegInf;
+        for (int i = threadIdx.x; i < kept; i += blockDim.x) positive += sh.cum[i] != -INFINITY;
         positive = BlockReduce(positive, SumOp(), sh.scratch_i);
         const double u_r = UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kReplacement));
         if (positive > 0) {

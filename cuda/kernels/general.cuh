@@ -234,23 +234,26 @@ static __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) 
           token = d;
         } else {
           const double u_r = UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kReplacement));
-          auto residual = [&](int c, uint32_t* k) -> unsigned long long {
+          // Ordered by the float64 residual's own bits (a float image would tie residuals that
+          // differ by less than float precision, as selection.cuh's SortCandidatesBy says).
+          auto residual = [&](int c, uint64_t* k) -> unsigned long long {
             float s;
             double r = 0.0;
             if (kept_fn(c, &s)) {
               r = static_cast<double>(expf(s - M)) / Zk - exp(static_cast<double>(job.q_dense[c]));
             }
-            *k = OrderKey(r > 0.0 ? static_cast<float>(r) : 0.0f);
+            *k = r > 0.0 ? static_cast<uint64_t>(__double_as_longlong(r)) : 0ull;  // r >= 0: bits order
             return r > 0.0 ? ToMass(r) : 0ull;
           };
           unsigned long long r_local = 0;
           for (int c = threadIdx.x; c < V; c += blockDim.x) {
-            uint32_t k;
+            uint64_t k;
             r_local += residual(c, &k);
           }
           const unsigned long long r_total = BlockReduce(r_local, SumOp(), sh.scratch_u);
           if (r_total > 0) {
-            RadixSelect(sh, V, residual, static_cast<unsigned long long>(u_r * static_cast<double>(r_total)));
+            RadixSelect<uint64_t>(sh, V, residual,
+                                  static_cast<unsigned long long>(u_r * static_cast<double>(r_total)));
           } else {
             RadixSelect(sh, V, kept_mass, static_cast<unsigned long long>(u_r * static_cast<double>(Zk_mass)));
           }

@@ -69,16 +69,17 @@ __device__ __forceinline__ bool AtOrBefore(uint32_t key, int id, uint32_t cut_ke
 // Finds, over c in [0, V) with pred(c) true, the element at which the running total of
 // weight(c) in order (key desc, id asc) first exceeds `target` (weights: integer units; count
 // selection is weight 1 and target k - 1). Sets sh.sel_key/sel_id; sel_id = -1 when the total
-// does not exceed the target. Four 8-bit radix rounds over the key, then an id-order scan.
-template <typename WeightFn>
+// does not exceed the target. 8-bit radix rounds over the key (four for a 32-bit KEY, eight
+// for a 64-bit one: a residual's float64 order key), then an id-order scan.
+template <typename KEY = uint32_t, typename WeightFn>
 static __device__ void RadixSelect(Shared& sh, int V, WeightFn weight_of, unsigned long long target) {
-  uint32_t prefix = 0, prefix_mask = 0;
+  KEY prefix = 0, prefix_mask = 0;
   unsigned long long rest = target;
-  for (int shift = 24; shift >= 0; shift -= 8) {
+  for (int shift = 8 * static_cast<int>(sizeof(KEY)) - 8; shift >= 0; shift -= 8) {
     for (int b = threadIdx.x; b < 256; b += blockDim.x) sh.hist_mass[b] = 0;
     __syncthreads();
     for (int c = threadIdx.x; c < V; c += blockDim.x) {
-      uint32_t k;
+      KEY k;
       const unsigned long long w = weight_of(c, &k);
       if (w == 0 || (k & prefix_mask) != prefix) continue;
       atomicAdd(&sh.hist_mass[(k >> shift) & 255u], w);
@@ -103,8 +104,8 @@ static __device__ void RadixSelect(Shared& sh, int V, WeightFn weight_of, unsign
       __syncthreads();
       return;
     }
-    prefix |= static_cast<uint32_t>(sh.sel_id) << shift;
-    prefix_mask |= 255u << shift;
+    prefix |= static_cast<KEY>(sh.sel_id) << shift;
+    prefix_mask |= static_cast<KEY>(255u) << shift;
     rest = sh.sel_rest;
     __syncthreads();
   }
@@ -117,14 +118,14 @@ static __device__ void RadixSelect(Shared& sh, int V, WeightFn weight_of, unsign
     const int c = tile + threadIdx.x;
     unsigned long long w = 0;
     if (c < V) {
-      uint32_t k;
+      KEY k;
       w = weight_of(c, &k);
       if (k != prefix) w = 0;
     }
     unsigned long long total;
     const unsigned long long before = running + BlockExclusiveScan(w, &total, sh.scratch_u);
     if (w > 0 && before <= rest && before + w > rest) {
-      sh.sel_key = prefix;
+      sh.sel_key = static_cast<unsigned int>(prefix);  // 32-bit keys; 64-bit callers read sel_id
       sh.sel_id = c;
     }
     running += total;
@@ -134,13 +135,17 @@ static __device__ void RadixSelect(Shared& sh, int V, WeightFn weight_of, unsign
   __syncthreads();
 }
 
-// Bitonic sort of sh.cand_* [0, n) by (cand_key desc, id asc), carrying cand_s; n is padded
-// to a power of two with (-inf, INT_MAX) sentinels.
-static __device__ void SortCandidates(Shared& sh, int n) {
+// Sorts candidates [0, n) by `keys` descending, ties by lower id (bitonic, in shared memory),
+// moving cand_s and cand_id with their keys. `keys` is sh.cand_key (float: scores) or sh.cum
+// (double: a verify row's residuals p - q, whose order a float image loses where two residuals
+// differ by less than float precision, e.g. tokens of equal p with q of 0 and 1e-12: the CPU
+// backend orders those by their float64 values, and SPEC 5 by their exact ones).
+template <typename KEY>
+static __device__ void SortCandidatesBy(Shared& sh, int n, KEY* keys) {
   int size = 1;
   while (size < n) size <<= 1;
   for (int i = n + threadIdx.x; i < size; i += blockDim.x) {
-    sh.cand_key[i] = kNegInf;
+    keys[i] = -INFINITY;
     sh.cand_s[i] = kNegInf;
     sh.cand_id[i] = 0x7FFFFFFF;
   }
@@ -150,13 +155,13 @@ static __device__ void SortCandidates(Shared& sh, int n) {
       for (int i = threadIdx.x; i < size; i += blockDim.x) {
         const int partner = i ^ j;
         if (partner > i) {
-          const float ki = sh.cand_key[i], kp = sh.cand_key[partner];
+          const KEY ki = keys[i], kp = keys[partner];
           const int ii = sh.cand_id[i], ip = sh.cand_id[partner];
           const bool i_first = ki > kp || (ki == kp && ii < ip);
           const bool best_first = (i & k) == 0;
           if (i_first != best_first) {
-            sh.cand_key[i] = kp;
-            sh.cand_key[partner] = ki;
+            keys[i] = kp;
+            keys[partner] = ki;
             const float si = sh.cand_s[i];
             sh.cand_s[i] = sh.cand_s[partner];
             sh.cand_s[partner] = si;
@@ -169,6 +174,9 @@ static __device__ void SortCandidates(Shared& sh, int n) {
     }
   }
 }
+
+// Sorts candidates [0, n) by cand_key descending, ties by lower id.
+static __device__ void SortCandidates(Shared& sh, int n) { SortCandidatesBy(sh, n, sh.cand_key); }
 
 // Inclusive prefix sums of w(i) over [0, n) into sh.cum (fixed tree order); returns the total.
 template <typename WFn>
