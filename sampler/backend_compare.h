@@ -1,5 +1,5 @@
 // SPEC 8's comparison of a backend's results against the CPU backend's on the same step
-// (testonly): status codes and messages equal; tokens equal, except a PREFILL draw whose u lies
+// (testonly): status codes and messages equal; tokens equal, except a fresh draw whose u lies
 // within 1e-6 of the edge between the two tokens' intervals in the float64 reference's
 // distribution (InBoundaryBand); processed logprobs within 1e-5 (values >= -20), top logprobs
 // and sum-of-smaller-probs likewise. Used by the CUDA tests and the stress test.
@@ -20,8 +20,9 @@ struct CompareTally {
   int requests = 0, token_mismatches = 0, compared_logprobs = 0;
 };
 
-// True when request `i` of `step` (a PREFILL fresh draw, no golden token) may emit `cpu_token`
-// on one backend and `other_token` on the other: they are neighbours in the float64
+// True when request `i` of `step` (a fresh draw from its one sampled row: PREFILL, a DECODE
+// request of q = 1, a one-row DRAFT request; no golden token) may emit `cpu_token` on one
+// backend and `other_token` on the other: they are neighbours in the float64
 // reference's draw order and u lies within 1e-6 of the edge between them. `why` says why not,
 // or how far u is from the edge.
 bool InBoundaryBand(const Step& step, size_t i, int32_t cpu_token, int32_t other_token,

@@ -39,9 +39,8 @@ class ServerProcess {
   // Waits at most `timeout_s` for the server's port file.
   absl::Status Start(int timeout_s = 10) {
     const std::string port_file = dir_ + "/port";
-    std::vector<std::string> args = wrapper_;
-    args.insert(args.end(), {binary_, "--listen=127.0.0.1:0", "--port_file=" + port_file,
-                             "--log_level=warn"});
+    std::vector<std::string> args = {binary_, "--listen=127.0.0.1:0",
+                                     "--port_file=" + port_file, "--log_level=warn"};
     args.insert(args.end(), flags_.begin(), flags_.end());
     pid_ = fork();
     if (pid_ == 0) {
@@ -55,7 +54,7 @@ class ServerProcess {
       std::vector<char*> argv;
       for (std::string& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
-      execvp(argv[0], argv.data());  // a wrapper is found on PATH
+      execv(argv[0], argv.data());
       _exit(127);
     }
     if (pid_ < 0) return absl::InternalError("fork failed");
@@ -95,9 +94,6 @@ class ServerProcess {
   }
   void Signal(int signal) { kill(pid_, signal); }
 
-  // Before Start: words run before samplerd on its command line (e.g. compute-sanitizer and
-  // its flags); the process started, signalled and waited for is then the wrapper.
-  void set_wrapper(std::vector<std::string> wrapper) { wrapper_ = std::move(wrapper); }
   // Before Start: the server's stdout and stderr go to `path` instead of ours.
   void set_log_file(std::string path) { log_file_ = std::move(path); }
   std::string target() const { return absl::StrCat("127.0.0.1:", port_); }
@@ -123,7 +119,6 @@ class ServerProcess {
   const std::vector<std::string> flags_;
   std::string dir_;
   std::string log_file_;
-  std::vector<std::string> wrapper_;
   pid_t pid_ = -1;
   int port_ = 0;
   int metrics_port_ = 0;

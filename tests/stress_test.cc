@@ -8,11 +8,10 @@
 // CPU backend fails it too, with the same code and message.
 //
 //   stress_test SAMPLERD [--backend=cpu|cuda] [--threads=N] [--scenarios=N] [--seed=N]
-//               [--max_elements=N] [--server_flag=F]... [--wrapper=W]...
+//               [--max_elements=N] [--server_flag=F]...
 //
-// --scenarios is per thread; --wrapper words go before samplerd on its command line (e.g.
-// --wrapper=compute-sanitizer --wrapper=--tool=racecheck), and then the server's log must end
-// with the sanitizer's "ERROR SUMMARY: 0 errors".
+// --scenarios is per thread. Under compute-sanitizer, the sanitizer runs this test with
+// --target-processes all, which reaches the samplerd it starts (scripts/gpu_stress.sh).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -46,7 +45,6 @@ struct Config {
   uint64_t seed = 2500;
   int64_t max_elements = int64_t{1} << 21;
   std::vector<std::string> server_flags;
-  std::vector<std::string> wrapper;
 };
 Config g_config;
 
@@ -198,10 +196,12 @@ TEST(Stress, RandomStepsFromManyThreadsMatchTheCpuBackend) {
   std::vector<std::string> flags = {"--backend=" + g_config.backend};
   flags.insert(flags.end(), g_config.server_flags.begin(), g_config.server_flags.end());
   ServerProcess server(g_config.samplerd, flags);
-  server.set_wrapper(g_config.wrapper);
   const std::string log = server.dir() + "/samplerd.log";
   server.set_log_file(log);
-  ASSERT_TRUE(server.Start(/*timeout_s=*/g_config.wrapper.empty() ? 10 : 120).ok());
+  // Long enough for samplerd started under compute-sanitizer.
+  ASSERT_TRUE(server.Start(/*timeout_s=*/120).ok());
+  // Its pid names its compute-sanitizer log (scripts/gpu_stress.sh): the report is samplerd's.
+  std::printf("samplerd pid %d\n", static_cast<int>(server.pid()));
   Counts counts;
   CompareTally tally;
   std::mutex tally_mu;
@@ -216,19 +216,17 @@ TEST(Stress, RandomStepsFromManyThreadsMatchTheCpuBackend) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // Every step answered, then a clean drain: exit 0.
   EXPECT_EQ(server.Stop(SIGTERM), 0);
-  std::ifstream in(log);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!g_config.wrapper.empty()) {
-    // compute-sanitizer's summary at the server's exit.
-    EXPECT_TRUE(absl::StrContains(text.str(), "ERROR SUMMARY: 0 errors"))
-        << "the sanitizer's log:\n" << text.str().substr(0, 20000);
+  if (::testing::Test::HasFailure()) {
+    std::ifstream in(log);
+    std::stringstream text;
+    text << in.rdbuf();
+    std::printf("samplerd's log:\n%s\n", text.str().substr(0, 20000).c_str());
   }
   std::printf(
-      "stress (%s%s): %d threads, %d steps (%d PREFILL, %d DECODE, %d DRAFT) in %.1f s; "
+      "stress (%s): %d threads, %d steps (%d PREFILL, %d DECODE, %d DRAFT) in %.1f s; "
       "%d steps failed as a whole (as on the CPU reference); %d requests, %d of them failed "
       "alone; %d boundary-band tokens\n",
-      g_config.backend.c_str(), g_config.wrapper.empty() ? "" : ", under a sanitizer",
+      g_config.backend.c_str(),
       g_config.threads, counts.steps.load(), counts.prefill.load(), counts.decode.load(),
       counts.draft.load(), seconds, counts.step_faults.load(), counts.requests.load(),
       counts.request_faults.load(), tally.token_mismatches);
@@ -265,8 +263,6 @@ int main(int argc, char** argv) {
       ok = absl::SimpleAtoi(v, &c.max_elements);
     } else if (const char* v = value("--server_flag")) {
       c.server_flags.push_back(v);
-    } else if (const char* v = value("--wrapper")) {
-      c.wrapper.push_back(v);
     } else {
       ok = false;
     }
