@@ -26,8 +26,11 @@
 namespace samplerd {
 namespace {
 
-std::unique_ptr<CudaBackend> Gpu() {
-  auto gpu = CudaBackend::Create({});
+// A CUDA backend of `lanes` lanes (CudaBackendOptions::streams).
+std::unique_ptr<CudaBackend> Gpu(int lanes = CudaBackendOptions{}.streams) {
+  CudaBackendOptions options;
+  options.streams = lanes;
+  auto gpu = CudaBackend::Create(options);
   EXPECT_TRUE(gpu.ok()) << gpu.status();
   return gpu.ok() ? std::move(*gpu) : nullptr;
 }
@@ -690,11 +693,9 @@ TEST(CudaBackend, BitwiseRepeatableAndBatchInvariant) {
 // different steps (sizes, masks, top-k on both paths, penalties), each run once alone, then
 // all of them from 8 threads at once, 4 rounds.
 TEST(CudaBackend, ConcurrentStepsOnAllLanesGiveTheSameResultsAsAlone) {
-  CudaBackendOptions options;
-  options.streams = 4;
-  auto created = CudaBackend::Create(options);
-  ASSERT_TRUE(created.ok()) << created.status();
-  CudaBackend& gpu = **created;
+  auto created = Gpu(4);
+  ASSERT_NE(created, nullptr);
+  CudaBackend& gpu = *created;
   EXPECT_EQ(gpu.max_concurrent_steps(), 4);
   constexpr int kSteps = 8;
   std::vector<HostLogits> logits;
@@ -820,11 +821,9 @@ struct IssueStep {
 // launch on another lane (cudaErrorInvalidValue). Both shapes from 8 threads on 4 lanes; every
 // answer is the CPU's.
 TEST(CudaBackend, IssueStepBesideTinyVocabularyStepsOnEveryLaneNeverFails) {
-  CudaBackendOptions options;
-  options.streams = 4;
-  auto created = CudaBackend::Create(options);
-  ASSERT_TRUE(created.ok()) << created.status();
-  CudaBackend& gpu = **created;
+  auto created = Gpu(4);
+  ASSERT_NE(created, nullptr);
+  CudaBackend& gpu = *created;
   const IssueStep issue;
   const HostLogits tiny_logits(4, 2, 77, 1.0f);
   Step tiny = MakeStep(StepKind::kPrefill, tiny_logits, 2);
@@ -869,11 +868,9 @@ TEST(CudaBackend, IssueStepBesideTinyVocabularyStepsOnEveryLaneNeverFails) {
 // are, after the step's inputs were queued) fails only the step that hit it, with its launch
 // configuration in the message; the lane then serves the next steps, whose answers are the CPU's.
 TEST(CudaBackend, AFailedLaunchFailsOnlyItsStepAndItsLaneServesTheNext) {
-  CudaBackendOptions options;
-  options.streams = 1;  // the failed step's lane is the one the next steps use
-  auto created = CudaBackend::Create(options);
-  ASSERT_TRUE(created.ok()) << created.status();
-  CudaBackend& gpu = **created;
+  auto created = Gpu(1);  // one lane: the failed step's lane is the one the next steps use
+  ASSERT_NE(created, nullptr);
+  CudaBackend& gpu = *created;
   const IssueStep issue;
   auto cpu = Cpu();
   const StepResult want = RunStep(*cpu, issue.step);
