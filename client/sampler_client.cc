@@ -1,5 +1,6 @@
 #include "client/sampler_client.h"
 
+#include <algorithm>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -106,20 +107,69 @@ absl::Status SamplerClient::StepStream::Close() {
   return FromGrpcStatus(stream_->Finish());
 }
 
-absl::Status SamplerClient::RegisterShm(const std::string& name, const ShmBuffer& shm) {
+absl::Status SamplerClient::RegisterShm(const std::string& name, ShmBuffer& shm) {
   v1::RegisterBufferRequest request;
   request.set_name(name);
   request.set_kind(v1::HOST_SHM);
   request.set_shm_name(shm.shm_name());
   request.set_byte_size(shm.byte_size());
-  return RegisterBuffer(request);
+  absl::Status status = RegisterBuffer(request);
+  // samplerd has opened and mapped it: the name is no longer needed, and a crash now leaves
+  // nothing in /dev/shm.
+  if (status.ok()) shm.Unlink();
+  return status;
 }
 
 absl::Status SamplerClient::RegisterBuffer(const v1::RegisterBufferRequest& request) {
   grpc::ClientContext context;
   SetDeadline(context);
   v1::RegisterBufferResponse response;
-  return FromGrpcStatus(stub_->RegisterBuffer(&context, request, &response));
+  absl::Status status = FromGrpcStatus(stub_->RegisterBuffer(&context, request, &response));
+  if (status.ok()) StartKeepAlive();
+  return status;
+}
+
+absl::StatusOr<v1::KeepAliveResponse> SamplerClient::KeepAlive() {
+  grpc::ClientContext context;
+  SetDeadline(context);
+  // Short: the destructor waits for a keep-alive in flight.
+  context.set_deadline(std::min(context.deadline(),
+                                std::chrono::system_clock::now() + std::chrono::seconds(2)));
+  v1::KeepAliveResponse response;
+  const grpc::Status status = stub_->KeepAlive(&context, v1::KeepAliveRequest(), &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+void SamplerClient::StartKeepAlive() {
+  absl::MutexLock lock(&keepalive_mu_);
+  if (keepalive_.joinable() || keepalive_stop_) return;
+  keepalive_ = std::thread([this] {
+    absl::Duration period = absl::Seconds(1);
+    absl::MutexLock lock(&keepalive_mu_);
+    while (!keepalive_stop_) {
+      keepalive_mu_.Unlock();
+      auto renewed = KeepAlive();
+      if (renewed.ok()) {
+        // A third of the lease: two pings may be lost before it runs out. No lease: rarely.
+        period = renewed->lease_ms() > 0
+                     ? std::max(absl::Milliseconds(50), absl::Milliseconds(renewed->lease_ms()) / 3)
+                     : absl::Seconds(10);
+      }
+      keepalive_mu_.Lock();
+      keepalive_mu_.AwaitWithTimeout(absl::Condition(&keepalive_stop_), period);
+    }
+  });
+}
+
+SamplerClient::~SamplerClient() {
+  std::thread keepalive;
+  {
+    absl::MutexLock lock(&keepalive_mu_);
+    keepalive_stop_ = true;
+    keepalive = std::move(keepalive_);
+  }
+  if (keepalive.joinable()) keepalive.join();
 }
 
 absl::Status SamplerClient::UnregisterBuffer(const std::string& name) {

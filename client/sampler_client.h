@@ -16,10 +16,13 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "client/shm_buffer.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "samplerd/v1/sampler.grpc.pb.h"
@@ -61,9 +64,17 @@ class SamplerClient final {
   };
   absl::StatusOr<std::unique_ptr<StepStream>> OpenStream();
 
-  absl::Status RegisterShm(const std::string& name, const ShmBuffer& shm);
+  // Registers `shm` as `name`, then unlinks its name from /dev/shm (ShmBuffer says why).
+  // A registration belongs to this client: samplerd keeps it while the client is alive, which
+  // the client shows by its calls and by a KeepAlive it sends by itself every lease / 3 from
+  // its first registration on (a thread of its own, ended by the destructor). When the client
+  // is gone (killed, or idle past the lease) samplerd releases its regions.
+  absl::Status RegisterShm(const std::string& name, ShmBuffer& shm);
+  // Registers a region (RegisterShm's lease applies: the keep-alive starts here too).
   absl::Status RegisterBuffer(const v1::RegisterBufferRequest& request);
   absl::Status UnregisterBuffer(const std::string& name);
+  // Renews this client's registration lease now; returns the server's lease.
+  absl::StatusOr<v1::KeepAliveResponse> KeepAlive();
   absl::StatusOr<v1::ListBuffersResponse> ListBuffers();
   absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo();
   // grpc.health.v1 Check of `service` ("" = the server as a whole): true when SERVING.
@@ -71,18 +82,25 @@ class SamplerClient final {
   // Drops this client's draft pool entries of `request_ids`; returns the rows dropped.
   absl::StatusOr<int> Release(const std::vector<std::string>& request_ids);
   // The random id sent as `samplerd-client-id` metadata with every call: the server scopes
-  // this client's draft pool entries by it.
+  // this client's draft pool entries by it, and it owns the client's registrations.
   const std::string& client_id() const { return client_id_; }
+
+  ~SamplerClient();
 
  private:
   SamplerClient(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options);
   void SetDeadline(grpc::ClientContext& context) const;
+  // Starts the keep-alive thread once (after the first successful registration).
+  void StartKeepAlive();
 
   const ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Sampler::Stub> stub_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;
   const std::string client_id_;
+  absl::Mutex keepalive_mu_;
+  bool keepalive_stop_ ABSL_GUARDED_BY(keepalive_mu_) = false;
+  std::thread keepalive_ ABSL_GUARDED_BY(keepalive_mu_);
 };
 
 // grpc::Status -> absl::Status (client side).

@@ -31,18 +31,25 @@ absl::StatusOr<std::unique_ptr<ShmBuffer>> ShmBuffer::Create(const std::string& 
   }
   void* data = mmap(nullptr, static_cast<size_t>(byte_size), PROT_READ | PROT_WRITE, MAP_SHARED,
                     fd, 0);
-  const int err = errno;
-  close(fd);
   if (data == MAP_FAILED) {
+    const int err = errno;
+    close(fd);
     shm_unlink(shm_name.c_str());
     return absl::InternalError(absl::StrCat("mmap ", shm_name, ": ", std::strerror(err)));
   }
-  return std::unique_ptr<ShmBuffer>(new ShmBuffer(shm_name, data, byte_size));
+  return std::unique_ptr<ShmBuffer>(new ShmBuffer(shm_name, fd, data, byte_size));
+}
+
+void ShmBuffer::Unlink() {
+  if (unlinked_) return;
+  shm_unlink(shm_name_.c_str());
+  unlinked_ = true;
 }
 
 ShmBuffer::~ShmBuffer() {
   munmap(data_, static_cast<size_t>(byte_size_));
-  shm_unlink(shm_name_.c_str());
+  close(fd_);
+  Unlink();
 }
 
 }  // namespace samplerd

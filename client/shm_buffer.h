@@ -3,10 +3,12 @@
 //
 //   ASSIGN_OR_RETURN(std::unique_ptr<ShmBuffer> shm, ShmBuffer::Create("/worker0", bytes));
 //   std::memcpy(shm->data(), logits, n);
-//   client->RegisterShm("worker0-logits", *shm);
+//   client->RegisterShm("worker0-logits", *shm);   // unlinks the name once samplerd has it
 //
-// The destructor unmaps and unlinks the object (the server's read-only mapping, if any,
-// stays valid until the server unmaps it).
+// SamplerClient::RegisterShm unlinks the object's name as soon as samplerd has registered it:
+// the memory lives on in the two mappings (this one, samplerd's), and a worker that crashes
+// leaves no name in /dev/shm. samplerd unmaps its side when the worker is gone (its lease).
+// The destructor unmaps, and unlinks the name if it is still there.
 #ifndef SAMPLERD_CLIENT_SHM_BUFFER_H_
 #define SAMPLERD_CLIENT_SHM_BUFFER_H_
 
@@ -31,13 +33,20 @@ class ShmBuffer final {
   void* data() { return data_; }
   int64_t byte_size() const { return byte_size_; }
   const std::string& shm_name() const { return shm_name_; }
+  // The object's descriptor, open until destruction (the name may be gone by then).
+  int fd() const { return fd_; }
+  // Removes the name from /dev/shm (once; later calls do nothing). The memory stays.
+  void Unlink();
+  bool unlinked() const { return unlinked_; }
 
  private:
-  ShmBuffer(std::string shm_name, void* data, int64_t byte_size)
-      : shm_name_(std::move(shm_name)), data_(data), byte_size_(byte_size) {}
+  ShmBuffer(std::string shm_name, int fd, void* data, int64_t byte_size)
+      : shm_name_(std::move(shm_name)), fd_(fd), data_(data), byte_size_(byte_size) {}
   const std::string shm_name_;
+  const int fd_;
   void* const data_;
   const int64_t byte_size_;
+  bool unlinked_ = false;
 };
 
 }  // namespace samplerd

@@ -8,7 +8,8 @@
 
 namespace samplerd {
 
-absl::StatusOr<v1::BufferInfo> BufferRegistry::Register(const v1::RegisterBufferRequest& request) {
+absl::StatusOr<v1::BufferInfo> BufferRegistry::Register(const v1::RegisterBufferRequest& request,
+                                                        const std::string& owner) {
   if (request.name().empty()) return absl::InvalidArgumentError("name: required");
   if (request.byte_size() <= 0) {
     return absl::InvalidArgumentError(
@@ -19,6 +20,7 @@ absl::StatusOr<v1::BufferInfo> BufferRegistry::Register(const v1::RegisterBuffer
   region->info.set_kind(request.kind());
   region->info.set_byte_size(request.byte_size());
   region->info.set_device_id(request.device_id());
+  region->info.set_owner(owner);
   switch (request.kind()) {
     case v1::HOST_SHM: {
       auto shm = ShmRegion::Open(request.shm_name(), request.byte_size(), shm_options_);
@@ -63,9 +65,10 @@ absl::StatusOr<v1::BufferInfo> BufferRegistry::Register(const v1::RegisterBuffer
       return absl::InvalidArgumentError("kind: required: HOST_SHM or CUDA_IPC");
   }
   absl::MutexLock lock(&mu_);
-  if (regions_.contains(request.name())) {
+  if (auto it = regions_.find(request.name()); it != regions_.end()) {
     return absl::AlreadyExistsError(
-        absl::StrCat("name: a buffer named '", request.name(), "' is already registered"));
+        absl::StrCat("name: a buffer named '", request.name(), "' is already registered (by ",
+                     it->second->info.owner(), ")"));
   }
   if (static_cast<int>(regions_.size()) >= max_buffers_) {
     return absl::ResourceExhaustedError(
@@ -82,6 +85,58 @@ absl::Status BufferRegistry::Unregister(const std::string& name) {
     return absl::NotFoundError(absl::StrCat("name: no buffer named '", name, "'"));
   }
   return absl::OkStatus();
+}
+
+std::string BufferRegistry::OwnerOf(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = regions_.find(name);
+  return it == regions_.end() ? std::string() : it->second->info.owner();
+}
+
+BufferRegistry::Released BufferRegistry::ReleaseOwner(const std::string& owner) {
+  // Dropped outside the lock: the last reference unmaps (or closes a CUDA IPC mapping).
+  std::vector<std::shared_ptr<const void>> dropped;
+  Released released;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = regions_.begin(); it != regions_.end();) {
+      if (it->second->info.owner() == owner) {
+        ++released.regions;
+        released.bytes += it->second->info.byte_size();
+        dropped.push_back(std::move(it->second));
+        regions_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = one_off_.begin(); it != one_off_.end();) {
+      if (it->owner == owner) {
+        ++released.handles;
+        dropped.push_back(std::move(it->region));
+        it = one_off_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = events_.begin(); it != events_.end();) {
+      if (it->owner == owner) {
+        ++released.handles;
+        dropped.push_back(std::move(it->entry));
+        it = events_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  return released;
+}
+
+int64_t BufferRegistry::BytesHeld() const {
+  absl::MutexLock lock(&mu_);
+  int64_t bytes = 0;
+  for (const auto& [name, region] : regions_) bytes += region->info.byte_size();
+  for (const OneOff& entry : one_off_) bytes += entry.region->info.byte_size();
+  return bytes;
 }
 
 std::vector<v1::BufferInfo> BufferRegistry::List() const {
@@ -106,6 +161,21 @@ absl::StatusOr<const void*> BufferRegistry::Resolve(const v1::Tensor& tensor, in
                                                     const std::string& field, bool* on_device,
                                                     std::shared_ptr<const void>* lease,
                                                     std::function<absl::Status()>* verify) {
+  return ResolveFor("", tensor, byte_extent, field, on_device, lease, verify);
+}
+
+absl::StatusOr<const void*> BufferRegistry::ResolveReadyEvent(const std::string& handle,
+                                                              const std::string& field,
+                                                              std::shared_ptr<const void>* lease) {
+  return ResolveReadyEventFor("", handle, field, lease);
+}
+
+absl::StatusOr<const void*> BufferRegistry::ResolveFor(const std::string& owner,
+                                                       const v1::Tensor& tensor,
+                                                       int64_t byte_extent,
+                                                       const std::string& field, bool* on_device,
+                                                       std::shared_ptr<const void>* lease,
+                                                       std::function<absl::Status()>* verify) {
   switch (tensor.source_case()) {
     case v1::Tensor::kBuffer: {
       const v1::BufferSlice& slice = tensor.buffer();
@@ -153,7 +223,7 @@ absl::StatusOr<const void*> BufferRegistry::Resolve(const v1::Tensor& tensor, in
             field, ".cuda_ipc.device_id: ", ref.device_id(), " is not the server's CUDA device ",
             device_->device()));
       }
-      auto region = OneOffRegion(*handle, ref.device_id());
+      auto region = OneOffRegion(*handle, ref.device_id(), owner);
       if (!region.ok()) return region.status();
       const int64_t size = (*region)->bytes;
       auto within = CheckSliceWithin(
@@ -181,11 +251,14 @@ BufferRegistry::BufferRegistry(const BufferRegistryOptions& options)
       shm_options_(options.shm) {}
 
 absl::StatusOr<std::shared_ptr<const BufferRegistry::Region>> BufferRegistry::OneOffRegion(
-    const CudaIpcHandle& handle, int device) {
+    const CudaIpcHandle& handle, int device, const std::string& owner) {
   const std::string key(handle.data(), handle.size());
   absl::MutexLock lock(&mu_);
-  for (const auto& [cached, region] : one_off_) {
-    if (cached == key) return region;
+  for (OneOff& entry : one_off_) {
+    if (entry.key == key) {
+      entry.owner = owner;  // the handle's latest user holds it now
+      return entry.region;
+    }
   }
   auto region = std::make_shared<Region>();
   auto opened = device_->OpenMemory(handle, 0, device, &region->data, &region->bytes);
@@ -195,13 +268,13 @@ absl::StatusOr<std::shared_ptr<const BufferRegistry::Region>> BufferRegistry::On
   region->info.set_kind(v1::CUDA_IPC);
   region->info.set_byte_size(region->bytes);
   if (one_off_.size() >= kHandleCacheSize) one_off_.erase(one_off_.begin());
-  one_off_.emplace_back(key, region);
+  one_off_.push_back(OneOff{key, region, owner});
   return std::shared_ptr<const Region>(region);
 }
 
-absl::StatusOr<const void*> BufferRegistry::ResolveReadyEvent(const std::string& handle,
-                                                              const std::string& field,
-                                                              std::shared_ptr<const void>* lease) {
+absl::StatusOr<const void*> BufferRegistry::ResolveReadyEventFor(
+    const std::string& owner, const std::string& handle, const std::string& field,
+    std::shared_ptr<const void>* lease) {
   if (handle.size() != kCudaIpcHandleBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ": ", handle.size(), " bytes; a CUDA IPC event handle is 64 bytes"));
@@ -210,10 +283,11 @@ absl::StatusOr<const void*> BufferRegistry::ResolveReadyEvent(const std::string&
     return absl::FailedPreconditionError(absl::StrCat(field, ": needs the CUDA backend"));
   }
   absl::MutexLock lock(&mu_);
-  for (const auto& [cached, event] : events_) {
-    if (cached == handle) {
-      *lease = event;
-      return *static_cast<const void* const*>(event.get());
+  for (CachedEvent& cached : events_) {
+    if (cached.handle == handle) {
+      cached.owner = owner;
+      *lease = cached.entry;
+      return *static_cast<const void* const*>(cached.entry.get());
     }
   }
   CudaIpcHandle raw;
@@ -231,7 +305,7 @@ absl::StatusOr<const void*> BufferRegistry::ResolveReadyEvent(const std::string&
   auto held = std::make_shared<Held>(Held{native, std::move(*opened)});
   std::shared_ptr<const void> entry(held, &held->native);
   if (events_.size() >= kHandleCacheSize) events_.erase(events_.begin());
-  events_.emplace_back(handle, entry);
+  events_.push_back(CachedEvent{handle, entry, owner});
   *lease = entry;
   return native;
 }

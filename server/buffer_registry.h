@@ -43,12 +43,38 @@ class BufferRegistry final : public LogitsSourceResolver {
   // FAILED_PRECONDITION (object too small or not a regular file; CUDA_IPC without the CUDA
   // backend), RESOURCE_EXHAUSTED (too many regions). Returns the region as List shows it
   // (pinned or why not, for HOST_SHM on the CUDA backend).
-  absl::StatusOr<v1::BufferInfo> Register(const v1::RegisterBufferRequest& request);
+  // `owner` (BufferInfo.owner) is the client the region belongs to: ReleaseOwner drops it.
+  absl::StatusOr<v1::BufferInfo> Register(const v1::RegisterBufferRequest& request,
+                                          const std::string& owner = "");
   // Removes `name`; its memory stays mapped until the last step reading it finishes.
   // NOT_FOUND for an unknown name.
   absl::Status Unregister(const std::string& name);
   std::vector<v1::BufferInfo> List() const;
   int Size() const;
+  // The owner of `name`, or "" when no such region.
+  std::string OwnerOf(const std::string& name) const;
+  // Drops every region of `owner` and the one-off handles and ready events it used last; their
+  // memory is unmapped (CUDA IPC mappings closed) once the last step reading it finishes.
+  struct Released {
+    int regions = 0;
+    int handles = 0;    // one-off cuda_ipc allocations and ready events
+    int64_t bytes = 0;  // the regions' byte_size
+  };
+  Released ReleaseOwner(const std::string& owner);
+  // Bytes of the registered regions and cached one-off allocations.
+  int64_t BytesHeld() const;
+
+  // Resolve and ResolveReadyEvent for a step of `owner`: a one-off handle or event it opens or
+  // reuses is then `owner`'s, released with it. (The LogitsSourceResolver methods below are
+  // these with no owner.)
+  absl::StatusOr<const void*> ResolveFor(const std::string& owner, const v1::Tensor& tensor,
+                                         int64_t byte_extent, const std::string& field,
+                                         bool* on_device, std::shared_ptr<const void>* lease,
+                                         std::function<absl::Status()>* verify);
+  absl::StatusOr<const void*> ResolveReadyEventFor(const std::string& owner,
+                                                   const std::string& handle,
+                                                   const std::string& field,
+                                                   std::shared_ptr<const void>* lease);
 
   absl::StatusOr<const void*> Resolve(const v1::Tensor& tensor, int64_t byte_extent,
                                       const std::string& field, bool* on_device,
@@ -75,7 +101,17 @@ class BufferRegistry final : public LogitsSourceResolver {
   };
   // Opens (or finds) a one-off cuda_ipc handle's whole allocation.
   absl::StatusOr<std::shared_ptr<const Region>> OneOffRegion(const CudaIpcHandle& handle,
-                                                             int device);
+                                                             int device, const std::string& owner);
+  struct OneOff {
+    std::string key;  // the handle's bytes
+    std::shared_ptr<const Region> region;
+    std::string owner;
+  };
+  struct CachedEvent {
+    std::string handle;
+    std::shared_ptr<const void> entry;
+    std::string owner;
+  };
 
   const int max_buffers_;
   DeviceMemoryOpener* const device_;  // borrowed; may be null
@@ -83,8 +119,8 @@ class BufferRegistry final : public LogitsSourceResolver {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<const Region>> regions_ ABSL_GUARDED_BY(mu_);
   // Bounded caches, oldest first out (leases keep an evicted entry open while in use).
-  std::vector<std::pair<std::string, std::shared_ptr<const Region>>> one_off_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<std::string, std::shared_ptr<const void>>> events_ ABSL_GUARDED_BY(mu_);
+  std::vector<OneOff> one_off_ ABSL_GUARDED_BY(mu_);
+  std::vector<CachedEvent> events_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace samplerd

@@ -68,6 +68,10 @@ ABSL_FLAG(int64_t, draft_pool_bytes, 325LL * (129280 * 4 + 256),
 ABSL_FLAG(int64_t, draft_pool_ttl_ms, 60000,
           "a draft pool entry whose DECODE step has not come this long after its DRAFT step is "
           "dropped");
+ABSL_FLAG(int64_t, registration_lease_ms, 5000,
+          "a client's registered buffers are released this long after its last call (steps, "
+          "KeepAlive, which the C++ and Python clients send by themselves), and at once when a "
+          "stream of it drops; 0: only when unregistered or a stream drops");
 ABSL_FLAG(int64_t, max_request_memory_bytes, 2LL << 30,
           "memory that steps in flight may make the server allocate (shard concatenation), "
           "reserved before allocating; a step that does not fit fails with RESOURCE_EXHAUSTED");
@@ -225,6 +229,7 @@ int Serve() {
   options.limits.max_token_list = absl::GetFlag(FLAGS_max_token_list);
   options.max_queued_steps = absl::GetFlag(FLAGS_max_queued_steps);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.registration_lease = absl::Milliseconds(absl::GetFlag(FLAGS_registration_lease_ms));
   // allowed_token_ids' masks are bounded per step as the grammar masks sent are.
   options.limits.max_step_mask_bytes = options.max_message_bytes;
   // Context-parallel groups: NCCL on the CUDA backend; none on the CPU backend.

@@ -56,6 +56,17 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
                            .Help("Registered logits regions")
                            .Register(registry)
                            .Add({});
+  metrics->buffer_bytes_ = &prometheus::BuildGauge()
+                                .Name("samplerd_registered_buffer_bytes")
+                                .Help("Bytes of the registered regions and cached one-off CUDA "
+                                      "IPC allocations")
+                                .Register(registry)
+                                .Add({});
+  metrics->released_ = &prometheus::BuildCounter()
+                            .Name("samplerd_released_buffers_total")
+                            .Help("Regions released because their owner was gone, by why "
+                                  "(lease_expired, stream_dropped, taken_over)")
+                            .Register(registry);
   metrics->group_failures_ =
       &prometheus::BuildCounter()
            .Name("samplerd_group_failures_total")
@@ -91,7 +102,15 @@ void Metrics::CountError(absl::StatusCode code) {
 
 void Metrics::AddInFlight(double delta) { in_flight_->Increment(delta); }
 
-void Metrics::SetRegisteredBuffers(int count) { buffers_->Set(count); }
+void Metrics::SetRegisteredBuffers(int count, int64_t bytes) {
+  buffers_->Set(count);
+  buffer_bytes_->Set(static_cast<double>(bytes));
+}
+
+void Metrics::CountReleasedBuffers(const char* why, int count) {
+  absl::MutexLock lock(&mu_);  // Add may create the labelled child
+  released_->Add({{"why", why}}).Increment(count);
+}
 
 void Metrics::CountGroupFailure() { group_failures_->Increment(); }
 

@@ -45,7 +45,11 @@ class Metrics final {
   void ObserveStep(StepKind kind, double seconds, int64_t rows, int64_t requests);
   void CountError(absl::StatusCode code);
   void AddInFlight(double delta);
-  void SetRegisteredBuffers(int count);
+  // Registered regions and the bytes they (and cached one-off CUDA IPC allocations) hold.
+  void SetRegisteredBuffers(int count, int64_t bytes);
+  // Regions released because their owner was gone; `why`: "lease_expired", "stream_dropped"
+  // or "taken_over".
+  void CountReleasedBuffers(const char* why, int count);
   void CountGroupFailure();
   // The bound HTTP port, or 0 when not serving.
   int port() const { return port_; }
@@ -62,6 +66,8 @@ class Metrics final {
   prometheus::Family<prometheus::Counter>* errors_ = nullptr;
   prometheus::Gauge* in_flight_ = nullptr;
   prometheus::Gauge* buffers_ = nullptr;
+  prometheus::Gauge* buffer_bytes_ = nullptr;
+  prometheus::Family<prometheus::Counter>* released_ = nullptr;
   prometheus::Counter* group_failures_ = nullptr;
   absl::Mutex mu_;  // guards adding labelled children to errors_
 };

@@ -59,15 +59,16 @@ class StepResolver final : public LogitsSourceResolver {
     const void* data;
     bool on_device;
   };
-  StepResolver(LogitsSourceResolver& base, std::map<const v1::Tensor*, Received> received)
-      : base_(base), received_(std::move(received)) {}
+  StepResolver(BufferRegistry& base, std::string owner,
+               std::map<const v1::Tensor*, Received> received)
+      : base_(base), owner_(std::move(owner)), received_(std::move(received)) {}
 
   absl::StatusOr<const void*> Resolve(const v1::Tensor& tensor, int64_t byte_extent,
                                       const std::string& field, bool* on_device,
                                       std::shared_ptr<const void>* lease,
                                       std::function<absl::Status()>* verify) override {
     if (tensor.source_case() != v1::Tensor::kNccl) {
-      return base_.Resolve(tensor, byte_extent, field, on_device, lease, verify);
+      return base_.ResolveFor(owner_, tensor, byte_extent, field, on_device, lease, verify);
     }
     auto it = received_.find(&tensor);
     if (it == received_.end()) {  // not reached: every NCCL tensor was received first
@@ -79,11 +80,12 @@ class StepResolver final : public LogitsSourceResolver {
   absl::StatusOr<const void*> ResolveReadyEvent(const std::string& handle,
                                                 const std::string& field,
                                                 std::shared_ptr<const void>* lease) override {
-    return base_.ResolveReadyEvent(handle, field, lease);
+    return base_.ResolveReadyEventFor(owner_, handle, field, lease);
   }
 
  private:
-  LogitsSourceResolver& base_;
+  BufferRegistry& base_;
+  const std::string owner_;  // one-off handles the step opens are this client's
   const std::map<const v1::Tensor*, Received> received_;
 };
 
@@ -130,7 +132,43 @@ SamplerService::SamplerService(Backend& backend, BufferRegistry& registry, Group
       groups_(groups),
       metrics_(metrics),
       options_(options),
-      seed_source_(std::move(seed_source)) {}
+      seed_source_(std::move(seed_source)),
+      leases_(options.registration_lease) {
+  if (options_.registration_lease > absl::ZeroDuration()) {
+    // Expired owners are released within a quarter of the lease (at most 250 ms) of expiring.
+    const absl::Duration period =
+        std::min(absl::Milliseconds(250), options_.registration_lease / 4);
+    reaper_ = std::thread([this, period] {
+      absl::MutexLock lock(&reaper_mu_);
+      while (!reaper_stop_) {
+        reaper_mu_.AwaitWithTimeout(absl::Condition(&reaper_stop_), period);
+        reaper_mu_.Unlock();
+        for (const std::string& owner : leases_.TakeExpired(absl::Now())) {
+          ReleaseOwner(owner, "lease_expired");
+        }
+        reaper_mu_.Lock();
+      }
+    });
+  }
+}
+
+SamplerService::~SamplerService() {
+  {
+    absl::MutexLock lock(&reaper_mu_);
+    reaper_stop_ = true;
+  }
+  if (reaper_.joinable()) reaper_.join();
+}
+
+void SamplerService::ReleaseOwner(const std::string& owner, const char* why) {
+  const BufferRegistry::Released released = registry_.ReleaseOwner(owner);
+  leases_.Forget(owner);
+  metrics_.SetRegisteredBuffers(registry_.Size(), registry_.BytesHeld());
+  if (released.regions + released.handles == 0) return;
+  metrics_.CountReleasedBuffers(why, released.regions);
+  spdlog::info("released {} buffers ({} bytes) and {} one-off handles of {}: {}",
+               released.regions, released.bytes, released.handles, owner, why);
+}
 
 absl::Status SamplerService::RunStep(const v1::SampleRequest& request,
                                      const std::string& pool_scope,
@@ -168,7 +206,7 @@ absl::Status SamplerService::RunStep(const v1::SampleRequest& request,
   const Clock::time_point received_at = Clock::now();
   StepStats stats;
   stats.prepared = stats.computed = stats.done = received_at;
-  StepResolver resolver(registry_, std::move(received_logits));
+  StepResolver resolver(registry_, pool_scope, std::move(received_logits));
   absl::StatusOr<StepResult> result =
       received.ok() ? ComputeStep(request, pool_scope, resolver, &stats)
                     : absl::StatusOr<StepResult>(received);
@@ -275,7 +313,7 @@ absl::StatusOr<StepResult> SamplerService::ComputeStep(const v1::SampleRequest& 
   return result;
 }
 
-std::string SamplerService::PoolScope(const grpc::ServerContext& context) {
+std::string SamplerService::ClientScope(const grpc::ServerContext& context) {
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(kClientIdMetadata);
   if (it != metadata.end() && !it->second.empty()) {
@@ -287,7 +325,9 @@ std::string SamplerService::PoolScope(const grpc::ServerContext& context) {
 grpc::Status SamplerService::Sample(grpc::ServerContext* context, const v1::SampleRequest* request,
                                     v1::SampleResponse* response) {
   steps_read_.fetch_add(1);
-  const grpc::Status status = ToGrpcStatus(RunStep(*request, PoolScope(*context), response));
+  const std::string client = ClientScope(*context);
+  leases_.Touch(client, absl::Now());
+  const grpc::Status status = ToGrpcStatus(RunStep(*request, client, response));
   steps_answered_.fetch_add(1);
   return status;
 }
@@ -295,10 +335,25 @@ grpc::Status SamplerService::Sample(grpc::ServerContext* context, const v1::Samp
 grpc::Status SamplerService::SampleStream(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::SampleResponse, v1::SampleRequest>* stream) {
-  const std::string pool_scope = PoolScope(*context);
+  const std::string pool_scope = ClientScope(*context);
+  // While the stream is open its client is alive; a stream that drops (its client went away
+  // without closing it: a killed worker) releases the client's registrations at once.
+  leases_.StreamOpened(pool_scope, absl::Now());
+  struct StreamEnd {
+    SamplerService& service;
+    const std::string& client;
+    grpc::ServerContext* context;
+    bool written = true;
+    ~StreamEnd() {
+      if (service.leases_.StreamEnded(client, context->IsCancelled() || !written, absl::Now())) {
+        service.ReleaseOwner(client, "stream_dropped");
+      }
+    }
+  } stream_end{*this, pool_scope, context};
   v1::SampleRequest request;
   while (stream->Read(&request)) {
     steps_read_.fetch_add(1);
+    leases_.Touch(pool_scope, absl::Now());
     v1::SampleResponse response;
     const absl::Status status = RunStep(request, pool_scope, &response);
     if (!status.ok()) {
@@ -310,7 +365,10 @@ grpc::Status SamplerService::SampleStream(
     }
     const bool written = stream->Write(response);
     steps_answered_.fetch_add(1);  // handed to gRPC, whether or not the client still listens
-    if (!written) return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
+    if (!written) {
+      stream_end.written = false;
+      return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
+    }
     if (draining_.load()) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                           "samplerd is shutting down; every step read was answered");
@@ -320,12 +378,23 @@ grpc::Status SamplerService::SampleStream(
   return grpc::Status::OK;
 }
 
-grpc::Status SamplerService::RegisterBuffer(grpc::ServerContext*,
+grpc::Status SamplerService::RegisterBuffer(grpc::ServerContext* context,
                                             const v1::RegisterBufferRequest* request,
                                             v1::RegisterBufferResponse*) {
   const Clock::time_point start = Clock::now();
-  const absl::StatusOr<v1::BufferInfo> registered = registry_.Register(*request);
-  metrics_.SetRegisteredBuffers(registry_.Size());
+  const std::string owner = ClientScope(*context);
+  leases_.Track(owner, absl::Now());
+  absl::StatusOr<v1::BufferInfo> registered = registry_.Register(*request, owner);
+  if (registered.status().code() == absl::StatusCode::kAlreadyExists) {
+    // A name whose owner is gone (a restarted worker's predecessor, killed before its lease
+    // ran out and not yet reaped) is taken over; one whose owner is alive stays its.
+    const std::string holder = registry_.OwnerOf(request->name());
+    if (!holder.empty() && holder != owner && !leases_.Alive(holder, absl::Now())) {
+      ReleaseOwner(holder, "taken_over");
+      registered = registry_.Register(*request, owner);
+    }
+  }
+  metrics_.SetRegisteredBuffers(registry_.Size(), registry_.BytesHeld());
   if (!registered.ok()) {
     spdlog::warn("RegisterBuffer '{}': {}", request->name(), registered.status().ToString());
     return ToGrpcStatus(registered.status());
@@ -337,23 +406,26 @@ grpc::Status SamplerService::RegisterBuffer(grpc::ServerContext*,
   } else if (!registered->pin_error().empty()) {
     pinning = ", not pinned: " + registered->pin_error();
   }
-  spdlog::info("registered buffer '{}' ({} bytes, {}{}) in {} us", request->name(),
-               request->byte_size(), v1::BufferKind_Name(request->kind()), pinning,
+  spdlog::info("registered buffer '{}' ({} bytes, {}{}) for {} in {} us", request->name(),
+               request->byte_size(), v1::BufferKind_Name(request->kind()), pinning, owner,
                Micros(Clock::now() - start));
   return grpc::Status::OK;
 }
 
-grpc::Status SamplerService::UnregisterBuffer(grpc::ServerContext*,
+grpc::Status SamplerService::UnregisterBuffer(grpc::ServerContext* context,
                                               const v1::UnregisterBufferRequest* request,
                                               v1::UnregisterBufferResponse*) {
+  leases_.Touch(ClientScope(*context), absl::Now());
   const absl::Status status = registry_.Unregister(request->name());
-  metrics_.SetRegisteredBuffers(registry_.Size());
+  metrics_.SetRegisteredBuffers(registry_.Size(), registry_.BytesHeld());
   if (status.ok()) spdlog::info("unregistered buffer '{}'", request->name());
   return ToGrpcStatus(status);
 }
 
-grpc::Status SamplerService::ListBuffers(grpc::ServerContext*, const v1::ListBuffersRequest*,
+grpc::Status SamplerService::ListBuffers(grpc::ServerContext* context,
+                                         const v1::ListBuffersRequest*,
                                          v1::ListBuffersResponse* response) {
+  leases_.Touch(ClientScope(*context), absl::Now());
   for (v1::BufferInfo& info : registry_.List()) *response->add_buffers() = std::move(info);
   return grpc::Status::OK;
 }
@@ -425,7 +497,8 @@ grpc::Status SamplerService::GetServerInfo(grpc::ServerContext*, const v1::GetSe
   for (const char* feature :
        {"prefill", "decode", "draft", "draft_pool", "prompt_logprobs", "grammar_masks",
         "penalties", "force_top_n", "sum_smaller_probs", "golden_tokens", "inline_logits",
-        "host_shm", "shards", "bf16", "fp16", "release", "token_adjustments"}) {
+        "host_shm", "shards", "bf16", "fp16", "release", "token_adjustments",
+        "registration_leases"}) {
     response->add_features(feature);
   }
   if (groups_.available()) {
@@ -437,12 +510,24 @@ grpc::Status SamplerService::GetServerInfo(grpc::ServerContext*, const v1::GetSe
 
 grpc::Status SamplerService::Release(grpc::ServerContext* context, const v1::ReleaseRequest* request,
                                      v1::ReleaseResponse* response) {
-  const std::string scope = PoolScope(*context);
+  const std::string scope = ClientScope(*context);
+  leases_.Touch(scope, absl::Now());
   int released = 0;
   for (const std::string& id : request->request_ids()) {
     released += backend_.draft_pool().Release(DraftPoolKey(scope, id));
   }
   response->set_released_rows(released);
+  return grpc::Status::OK;
+}
+
+grpc::Status SamplerService::KeepAlive(grpc::ServerContext* context, const v1::KeepAliveRequest*,
+                                       v1::KeepAliveResponse* response) {
+  const std::string client = ClientScope(*context);
+  leases_.Touch(client, absl::Now());
+  response->set_lease_ms(absl::ToInt64Milliseconds(options_.registration_lease));
+  int owned = 0;
+  for (const v1::BufferInfo& info : registry_.List()) owned += info.owner() == client;
+  response->set_buffers(owned);
   return grpc::Status::OK;
 }
 

@@ -15,15 +15,18 @@
 
 #include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "samplerd/v1/sampler.grpc.pb.h"
 #include "sampler/backend.h"
 #include "sampler/validate.h"
 #include "server/buffer_registry.h"
 #include "server/group_registry.h"
 #include "server/metrics.h"
+#include "server/owner_leases.h"
 
 namespace samplerd {
 
@@ -33,6 +36,9 @@ struct ServiceOptions {
   int64_t max_message_bytes = 64 << 20; // reported by GetServerInfo
   MemoryBudget* request_memory = nullptr;  // bounds what conversion allocates; null = unbounded
   std::string version = "0.1.0";
+  // How long a client's registrations outlive its last call (OwnerLeases); <= 0: until they
+  // are unregistered or a stream of the client drops.
+  absl::Duration registration_lease = absl::Seconds(5);
 };
 
 class SamplerService final : public v1::Sampler::Service {
@@ -40,6 +46,7 @@ class SamplerService final : public v1::Sampler::Service {
   // Borrows everything; all must outlive the service.
   SamplerService(Backend& backend, BufferRegistry& registry, GroupRegistry& groups,
                  Metrics& metrics, const ServiceOptions& options, SeedSource seed_source);
+  ~SamplerService() override;
 
   grpc::Status Sample(grpc::ServerContext* context, const v1::SampleRequest* request,
                       v1::SampleResponse* response) override;
@@ -61,9 +68,12 @@ class SamplerService final : public v1::Sampler::Service {
                              v1::GetServerInfoResponse* response) override;
   grpc::Status Release(grpc::ServerContext* context, const v1::ReleaseRequest* request,
                        v1::ReleaseResponse* response) override;
+  grpc::Status KeepAlive(grpc::ServerContext* context, const v1::KeepAliveRequest* request,
+                         v1::KeepAliveResponse* response) override;
 
-  // The caller's draft pool scope: its `samplerd-client-id` metadata, else its peer address.
-  static std::string PoolScope(const grpc::ServerContext& context);
+  // The calling client: its `samplerd-client-id` metadata, else its peer address. It scopes
+  // the client's draft pool entries and owns its registrations.
+  static std::string ClientScope(const grpc::ServerContext& context);
 
   // From now on steps are refused with UNAVAILABLE; steps already admitted are answered.
   void StartDraining() { draining_.store(true); }
@@ -100,6 +110,14 @@ class SamplerService final : public v1::Sampler::Service {
   // a slot is measurable (queue_us).
   absl::Mutex backend_mu_;
   int backend_busy_ ABSL_GUARDED_BY(backend_mu_) = 0;
+
+  // Registrations belong to their client and end with it (issue 26): a dropped stream releases
+  // them at once, the reaper thread those of owners whose lease ran out.
+  void ReleaseOwner(const std::string& owner, const char* why);
+  OwnerLeases leases_;
+  absl::Mutex reaper_mu_;
+  bool reaper_stop_ ABSL_GUARDED_BY(reaper_mu_) = false;
+  std::thread reaper_;
 };
 
 }  // namespace samplerd

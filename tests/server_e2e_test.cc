@@ -307,13 +307,18 @@ TEST_F(ServerE2E, BufferLifecycle) {
   auto shm = ShmBuffer::Create("/samplerd-e2e-life-" + std::to_string(getpid()), 4096);
   ASSERT_TRUE(shm.ok());
   ASSERT_TRUE(client_->RegisterShm("logits", **shm).ok());
-  EXPECT_EQ(client_->RegisterShm("logits", **shm).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE((*shm)->unlinked());  // samplerd has it: the name is gone from /dev/shm
+  // A second object (RegisterShm unlinked the first one's name) under the same name.
+  auto other = ShmBuffer::Create("/samplerd-e2e-life2-" + std::to_string(getpid()), 4096);
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(client_->RegisterShm("logits", **other).code(), absl::StatusCode::kAlreadyExists);
   auto list = client_->ListBuffers();
   ASSERT_TRUE(list.ok());
   ASSERT_EQ(list->buffers_size(), 1);
   EXPECT_EQ(list->buffers(0).name(), "logits");
   EXPECT_EQ(list->buffers(0).byte_size(), 4096);
   EXPECT_EQ(list->buffers(0).in_use(), 0);
+  EXPECT_EQ(list->buffers(0).owner(), "id:" + client_->client_id());
   v1::RegisterBufferRequest missing;
   missing.set_name("missing");
   missing.set_kind(v1::HOST_SHM);
@@ -323,7 +328,7 @@ TEST_F(ServerE2E, BufferLifecycle) {
   v1::RegisterBufferRequest too_big;
   too_big.set_name("big");
   too_big.set_kind(v1::HOST_SHM);
-  too_big.set_shm_name((*shm)->shm_name());
+  too_big.set_shm_name((*other)->shm_name());
   too_big.set_byte_size(8192);
   EXPECT_EQ(client_->RegisterBuffer(too_big).code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(client_->UnregisterBuffer("logits").ok());
