@@ -6,8 +6,11 @@ stream (samplerd answers it with `error` set and keeps the stream open) raises S
 from that step; the stream stays usable. A failed request inside a successful step does not
 raise until its fields are read (RequestResult), since the step's other results are valid.
 """
+import asyncio
 import itertools
 import queue
+import secrets
+import threading
 from typing import List, Optional, Sequence
 
 import grpc
@@ -30,6 +33,7 @@ _UNARY = {
     "ListBuffers": "ListBuffersResponse",
     "GetServerInfo": "GetServerInfoResponse",
     "Release": "ReleaseResponse",
+    "KeepAlive": "KeepAliveResponse",
     "CreateGroup": "CreateGroupResponse",
     "DestroyGroup": "DestroyGroupResponse",
 }
@@ -74,9 +78,11 @@ def _cuda_registration(region: CudaRegion):
 
 class _Base:
     def __init__(self, client_id: Optional[str], timeout: Optional[float]):
-        # samplerd keys its draft pool by client id (else by peer address): a worker that
-        # reconnects under the same id finds its drafts again.
-        self._metadata = (("samplerd-client-id", client_id),) if client_id else None
+        # samplerd keys its draft pool by client id, and the client's registrations belong to
+        # it: a worker that reconnects under the same id finds its drafts and regions again.
+        # Without one, a random id (so that every call of this client is one owner).
+        self.client_id = client_id or secrets.token_hex(16)
+        self._metadata = (("samplerd-client-id", self.client_id),)
         self._timeout = timeout
         self._step_ids = itertools.count(1)
 
@@ -133,15 +139,46 @@ class SamplerClient(_Base):
         return StepStream(self)
 
     def register_shm(self, region: ShmRegion, name: Optional[str] = None) -> str:
+        """Registers `region` (as `name`, default its shm name), then unlinks its name from
+        /dev/shm: samplerd has mapped it, the memory lives in the two mappings, and a crash
+        leaves no name behind. The registration is this client's: samplerd keeps it while the
+        client is alive (its calls, and the keep-alive it sends by itself every lease / 3 from
+        its first registration on) and releases it when the client is gone."""
         self._call("RegisterBuffer", _shm_registration(region, name))
+        region.unlink()
+        self._start_keepalive()
         return name or region.name
 
     def register_cuda_tensor(self, name: str, tensor) -> CudaRegion:
         """Registers a CUDA tensor's storage as a CUDA_IPC region; send views of it with
-        CudaLogits(region, view, ready_event)."""
+        CudaLogits(region, view, ready_event). Kept alive as register_shm's region is."""
         region = CudaRegion.from_tensor(name, tensor)
         self._call("RegisterBuffer", _cuda_registration(region))
+        self._start_keepalive()
         return region
+
+    def keep_alive(self):
+        """Renews this client's registration lease now; returns the server's KeepAliveResponse."""
+        return self._call("KeepAlive", pb.KeepAliveRequest())
+
+    def _start_keepalive(self):
+        if getattr(self, "_keepalive", None) is not None:
+            return
+        self._keepalive_stop = threading.Event()
+
+        def run():
+            period = 1.0
+            while not self._keepalive_stop.is_set():
+                try:
+                    lease_ms = self._rpcs["KeepAlive"](pb.KeepAliveRequest(), timeout=2.0,
+                                                       metadata=self._metadata).lease_ms
+                    period = max(0.05, lease_ms / 3000.0) if lease_ms > 0 else 10.0
+                except grpc.RpcError:
+                    pass  # the server is away for now; the next tick tries again
+                self._keepalive_stop.wait(period)
+
+        self._keepalive = threading.Thread(target=run, name="samplerd-keepalive", daemon=True)
+        self._keepalive.start()
 
     def unregister(self, name: str):
         self._call("UnregisterBuffer", pb.UnregisterBufferRequest(name=name))
@@ -182,6 +219,10 @@ class SamplerClient(_Base):
             raise SamplerError.from_rpc_error(e) from None
 
     def close(self):
+        if getattr(self, "_keepalive", None) is not None:
+            self._keepalive_stop.set()
+            self._keepalive.join()
+            self._keepalive = None
         self._channel.close()
 
     def __enter__(self):
@@ -264,13 +305,37 @@ class AsyncSamplerClient(_Base):
         return AsyncStepStream(self)
 
     async def register_shm(self, region: ShmRegion, name: Optional[str] = None) -> str:
+        """As SamplerClient.register_shm (the keep-alive is a task on this event loop)."""
         await self._call("RegisterBuffer", _shm_registration(region, name))
+        region.unlink()
+        self._start_keepalive()
         return name or region.name
 
     async def register_cuda_tensor(self, name: str, tensor) -> CudaRegion:
         region = CudaRegion.from_tensor(name, tensor)
         await self._call("RegisterBuffer", _cuda_registration(region))
+        self._start_keepalive()
         return region
+
+    async def keep_alive(self):
+        return await self._call("KeepAlive", pb.KeepAliveRequest())
+
+    def _start_keepalive(self):
+        if getattr(self, "_keepalive", None) is not None:
+            return
+
+        async def run():
+            period = 1.0
+            while True:
+                try:
+                    lease_ms = (await self._rpcs["KeepAlive"](
+                        pb.KeepAliveRequest(), timeout=2.0, metadata=self._metadata)).lease_ms
+                    period = max(0.05, lease_ms / 3000.0) if lease_ms > 0 else 10.0
+                except grpc.RpcError:
+                    pass
+                await asyncio.sleep(period)
+
+        self._keepalive = asyncio.get_running_loop().create_task(run())
 
     async def unregister(self, name: str):
         await self._call("UnregisterBuffer", pb.UnregisterBufferRequest(name=name))
@@ -307,6 +372,13 @@ class AsyncSamplerClient(_Base):
             raise SamplerError.from_rpc_error(e) from None
 
     async def close(self):
+        if getattr(self, "_keepalive", None) is not None:
+            self._keepalive.cancel()
+            try:
+                await self._keepalive
+            except asyncio.CancelledError:
+                pass
+            self._keepalive = None
         await self._channel.close()
 
     async def __aenter__(self):

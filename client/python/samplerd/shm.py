@@ -3,7 +3,9 @@
 The server maps the object read-only and checks, per step, that every slice lies inside the
 registered size. It accepts only objects owned by an allowed uid (`--shm_allowed_uids`, by
 default its own), so run the worker and samplerd under one uid (the deploy/ manifests set one
-pod-level runAsUser). Objects are created mode 0600, exclusively, and unlinked on close.
+pod-level runAsUser). Objects are created mode 0600, exclusively; register_shm unlinks the name
+as soon as samplerd has mapped the region (a crashed worker leaves nothing in /dev/shm), and
+close() unmaps.
 """
 import mmap
 import os
@@ -57,8 +59,20 @@ class ShmRegion:
             raise ValueError("the array does not lie inside this region")
         return offset
 
+    def unlink(self):
+        """Removes the object's name from /dev/shm; the memory stays while it is mapped
+        (register_shm calls this once samplerd has mapped the region)."""
+        if self._path is None:
+            return
+        try:
+            os.unlink(self._path)
+        except FileNotFoundError:
+            pass
+        self._path = None
+
     def close(self):
-        """Unmaps and unlinks the object (unregister it from the server first)."""
+        """Unmaps the object and unlinks its name if it is still there (unregister it from
+        the server first)."""
         if self._map is None:
             return
         try:
@@ -67,10 +81,7 @@ class ShmRegion:
             raise BufferError("a numpy view of the region is still alive; drop it before "
                               "close()") from e
         self._map = None
-        try:
-            os.unlink(self._path)
-        except FileNotFoundError:
-            pass
+        self.unlink()
 
     def __enter__(self):
         return self
