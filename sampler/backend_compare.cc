@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -10,19 +11,21 @@
 #include "sampler/dtype.h"
 #include "sampler/reference_sampler.h"
 #include "sampler/spec_rules.h"
+#include "sampler/token_updates.h"
 #include "sampler/validate.h"
 
 namespace samplerd {
 
-bool InBoundaryBand(const Step& step, size_t i, int32_t cpu_token, int32_t gpu_token,
-                    std::string* why) {
+bool InBoundaryBand(const Step& step, size_t i, int32_t row_index, int32_t cpu_token,
+                    int32_t gpu_token, std::string* why) {
   auto plan = PlanStep(step, Limits{}, [] { return uint64_t{9}; });
-  if (!plan.ok() || plan->requests[i].sampled_rows.size() != 1) {
-    *why = "no single sampled row";
+  if (!plan.ok() || row_index < 0 ||
+      row_index >= static_cast<int32_t>(plan->requests[i].sampled_rows.size())) {
+    *why = "no such sampled row";
     return false;
   }
   const RequestPlan& request = plan->requests[i];
-  const SampledRow& row = request.sampled_rows[0];
+  const SampledRow& row = request.sampled_rows[row_index];
   if (row.golden >= 0) {
     *why = "a golden token";
     return false;
@@ -46,6 +49,9 @@ bool InBoundaryBand(const Step& step, size_t i, int32_t cpu_token, int32_t gpu_t
   options.mask = row.mask;
   options.prompt_tokens = request.inputs->prompt_token_ids;
   options.output_tokens = request.inputs->output_token_ids;
+  for (int32_t d : DraftsBefore(*request.inputs, step.kind, row_index)) {
+    options.output_tokens.push_back(d);  // a DECODE row's history: the drafts before it
+  }
   options.sent = &request.inputs->params;
   const ReferenceRow ref = ReferenceProcess(raw, request.params, options);
   const double u = UniformDouble(request.seed, SequenceNumber(row.position, DrawCase::kFresh));
@@ -80,8 +86,21 @@ void CompareWithCpu(const StepResult& cpu, const StepResult& gpu, CompareTally& 
     if (a.token_ids != b.token_ids || a.num_accepted != b.num_accepted) {
       ++tally.token_mismatches;
       std::string why;
-      const bool band = a.token_ids.size() == 1 && b.token_ids.size() == 1 &&
-                        InBoundaryBand(step, i, a.token_ids[0], b.token_ids[0], &why);
+      // One token differs, and it is a fresh draw: any row of a DRAFT request, the only row
+      // of a PREFILL request, or the last row of a DECODE request that accepted every draft.
+      size_t k = 0;
+      while (k < a.token_ids.size() && k < b.token_ids.size() && a.token_ids[k] == b.token_ids[k]) ++k;
+      const bool one_differs =
+          a.token_ids.size() == b.token_ids.size() && k < a.token_ids.size() &&
+          std::equal(a.token_ids.begin() + k + 1, a.token_ids.end(), b.token_ids.begin() + k + 1);
+      const int32_t rows = step.kind == StepKind::kDecode ? step.requests[i].num_rows : 1;
+      const bool fresh = step.kind == StepKind::kDraft ||
+                         (a.num_accepted == b.num_accepted &&
+                          a.num_accepted == static_cast<int32_t>(k) &&
+                          static_cast<int32_t>(k) + 1 == rows);
+      const bool band = one_differs && fresh &&
+                        InBoundaryBand(step, i, static_cast<int32_t>(k), a.token_ids[k],
+                                       b.token_ids[k], &why);
       auto tokens = [](const RequestResult& r) {
         std::string out = "[";
         for (int32_t t : r.token_ids) out += std::to_string(t) + " ";

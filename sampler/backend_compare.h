@@ -20,13 +20,13 @@ struct CompareTally {
   int requests = 0, token_mismatches = 0, compared_logprobs = 0;
 };
 
-// True when request `i` of `step` (a fresh draw from its one sampled row: PREFILL, a DECODE
-// request of q = 1, a one-row DRAFT request; no golden token) may emit `cpu_token` on one
-// backend and `other_token` on the other: they are neighbours in the float64
-// reference's draw order and u lies within 1e-6 of the edge between them. `why` says why not,
-// or how far u is from the edge.
-bool InBoundaryBand(const Step& step, size_t i, int32_t cpu_token, int32_t other_token,
-                    std::string* why);
+// True when the fresh draw of sampled row `row_index` of request `i` of `step` (no golden
+// token) may emit `cpu_token` on one backend and `other_token` on the other: they are
+// neighbours in the float64 reference's draw order for that row (its history: the request's
+// output, then a DECODE row's earlier drafts) and u lies within 1e-6 of the edge between them.
+// `why` says why not, or how far u is from the edge.
+bool InBoundaryBand(const Step& step, size_t i, int32_t row_index, int32_t cpu_token,
+                    int32_t other_token, std::string* why);
 
 // Compares `other` with `cpu` (both computed from `step`) by SPEC 8, with gtest EXPECTs that
 // name `what`; boundary-band tokens are counted in `tally` and printed.
