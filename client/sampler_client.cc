@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <random>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace samplerd {
@@ -31,6 +33,11 @@ absl::StatusOr<std::unique_ptr<SamplerClient>> SamplerClient::Connect(const std:
   args.SetMaxReceiveMessageSize(max);
   args.SetMaxSendMessageSize(max);
   if (options.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // samplerd is a sidecar on this host: after a restart, try again within 100 ms to 1 s
+  // rather than gRPC's default backoff (up to 2 minutes).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   if (channel == nullptr) return absl::InvalidArgumentError(absl::StrCat("target: ", target));
   return std::unique_ptr<SamplerClient>(new SamplerClient(std::move(channel), options));
@@ -60,51 +67,228 @@ absl::StatusOr<int> SamplerClient::Release(const std::vector<std::string>& reque
 }
 
 absl::StatusOr<v1::SampleResponse> SamplerClient::Sample(const v1::SampleRequest& request) {
-  grpc::ClientContext context;
-  SetDeadline(context);
-  v1::SampleResponse response;
-  const grpc::Status status = stub_->Sample(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
-  return response;
+  if (absl::Status again = RegisterAgainIfNeeded(); !again.ok()) return again;
+  for (int attempt = 0;; ++attempt) {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    v1::SampleResponse response;
+    const absl::Status status = FromGrpcStatus(stub_->Sample(&context, request, &response));
+    if (status.ok()) return response;
+    if (attempt > 0 || !ShouldWait(status)) return status;
+    if (status.code() == absl::StatusCode::kNotFound) {
+      // A samplerd restarted under us that this client had not yet noticed forgot its
+      // regions: register them again and retry; any other NOT_FOUND is the answer.
+      if (!RegistrationsLost()) return status;
+      if (absl::Status again = RegisterAgainIfNeeded(); !again.ok()) return again;
+    } else if (absl::Status back = AwaitServer(); !back.ok()) {
+      return back;
+    }
+  }
+}
+
+bool SamplerClient::RegistrationsLost() {
+  absl::StatusOr<v1::KeepAliveResponse> alive = KeepAlive();  // flags register_again_
+  return alive.ok() && register_again_.load(std::memory_order_acquire);
+}
+
+bool SamplerClient::ShouldWait(const absl::Status& status) const {
+  // UNAVAILABLE is samplerd gone (connection refused or reset, or draining for a restart);
+  // NOT_FOUND may be a restarted samplerd that no longer knows this client's regions (the
+  // caller asks before it resends). Every other code is an answer.
+  return options_.reconnect_timeout.count() > 0 &&
+         (status.code() == absl::StatusCode::kUnavailable ||
+          status.code() == absl::StatusCode::kNotFound);
+}
+
+absl::Status SamplerClient::AwaitServer() {
+  const auto deadline = std::chrono::system_clock::now() + options_.reconnect_timeout;
+  v1::KeepAliveResponse response;
+  for (;;) {
+    grpc::ClientContext context;
+    context.AddMetadata("samplerd-client-id", client_id_);
+    context.set_wait_for_ready(true);  // through connection failures
+    context.set_deadline(deadline);
+    const grpc::Status status = stub_->KeepAlive(&context, v1::KeepAliveRequest(), &response);
+    if (status.ok()) break;
+    // A samplerd still draining answers UNAVAILABLE itself: wait for the next one.
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        std::chrono::system_clock::now() + std::chrono::milliseconds(50) >= deadline) {
+      return absl::UnavailableError(absl::StrCat(
+          "samplerd did not come back within ", options_.reconnect_timeout.count(),
+          " ms (reconnect_timeout): ", status.error_message()));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (LostRegistrations(response)) register_again_.store(true);
+  return RegisterAgainIfNeeded();
+}
+
+bool SamplerClient::LostRegistrations(const v1::KeepAliveResponse& response) {
+  absl::MutexLock lock(&registrations_mu_);
+  if (registrations_.empty()) return false;
+  return response.server_id() != server_id_ ||
+         response.buffers() < static_cast<int>(registrations_.size());
+}
+
+absl::Status SamplerClient::RegisterAgainIfNeeded() {
+  if (!register_again_.load(std::memory_order_acquire)) return absl::OkStatus();
+  absl::MutexLock lock(&registrations_mu_);
+  if (!register_again_.load()) return absl::OkStatus();  // another thread did it
+  // The names samplerd still holds for this client (none after a restart).
+  absl::flat_hash_set<std::string> held;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    v1::ListBuffersResponse listed;
+    const grpc::Status status = stub_->ListBuffers(&context, v1::ListBuffersRequest(), &listed);
+    if (!status.ok()) return FromGrpcStatus(status);
+    for (const v1::BufferInfo& info : listed.buffers()) {
+      if (info.owner() == "id:" + client_id_) held.insert(info.name());
+    }
+  }
+  for (Registration& registration : registrations_) {
+    if (held.contains(registration.request.name())) continue;
+    if (registration.shm != nullptr) {
+      // Its old name was unlinked once registered: the memory moves to a new object.
+      if (absl::Status moved = registration.shm->Relink(); !moved.ok()) return moved;
+      registration.request.set_shm_name(registration.shm->shm_name());
+    }
+    grpc::ClientContext context;
+    SetDeadline(context);
+    v1::RegisterBufferResponse response;
+    const absl::Status status =
+        FromGrpcStatus(stub_->RegisterBuffer(&context, registration.request, &response));
+    if (!status.ok()) {
+      return absl::Status(status.code(),
+                          absl::StrCat("registering '", registration.request.name(),
+                                       "' again with samplerd: ", status.message()));
+    }
+    if (registration.shm != nullptr) registration.shm->Unlink();
+    server_id_ = response.server_id();
+  }
+  register_again_.store(false, std::memory_order_release);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<SamplerClient::StepStream>> SamplerClient::OpenStream() {
-  auto stream = std::unique_ptr<StepStream>(new StepStream());
-  stream->context_ = std::make_unique<grpc::ClientContext>();
-  stream->context_->AddMetadata("samplerd-client-id", client_id_);
-  stream->stream_ = stub_->SampleStream(stream->context_.get());
-  if (stream->stream_ == nullptr) return absl::UnavailableError("cannot open SampleStream");
+  if (absl::Status again = RegisterAgainIfNeeded(); !again.ok()) return again;
+  auto stream = std::unique_ptr<StepStream>(new StepStream(this));
+  if (absl::Status opened = stream->Open(); !opened.ok()) return opened;
   return stream;
 }
 
-absl::Status SamplerClient::StepStream::Send(const v1::SampleRequest& request) {
+absl::Status SamplerClient::StepStream::Open() {
+  context_ = std::make_unique<grpc::ClientContext>();
+  context_->AddMetadata("samplerd-client-id", client_->client_id_);
+  stream_ = client_->stub_->SampleStream(context_.get());
+  if (stream_ == nullptr) return absl::UnavailableError("cannot open SampleStream");
+  finished_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status SamplerClient::StepStream::Finish() {
+  finished_ = true;
+  return FromGrpcStatus(stream_->Finish());
+}
+
+absl::Status SamplerClient::StepStream::Resume(const absl::Status& status) {
+  if (!client_->ShouldWait(status)) return status;
+  if (absl::Status back = client_->AwaitServer(); !back.ok()) return back;
+  if (absl::Status opened = Open(); !opened.ok()) return opened;
+  for (const v1::SampleRequest& request : unanswered_) {
+    if (!stream_->Write(request)) return absl::UnavailableError("SampleStream resumed and lost");
+  }
+  if (in_flight_ != nullptr && !stream_->Write(*in_flight_)) {
+    return absl::UnavailableError("SampleStream resumed and lost");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SamplerClient::StepStream::Write(const v1::SampleRequest& request) {
   if (stream_->Write(request)) return absl::OkStatus();
-  const absl::Status closed = Close();
-  return closed.ok() ? absl::UnavailableError("SampleStream closed by the server") : closed;
+  absl::Status status = Finish();
+  if (status.ok()) status = absl::UnavailableError("SampleStream closed by the server");
+  return Resume(status);  // resends `request` with every other unanswered step
+}
+
+absl::Status SamplerClient::StepStream::Send(const v1::SampleRequest& request) {
+  if (closed_) return absl::FailedPreconditionError("the stream is closed");
+  if (absl::Status again = client_->RegisterAgainIfNeeded(); !again.ok()) return again;
+  unanswered_.push_back(request);
+  return Write(unanswered_.back());
+}
+
+bool SamplerClient::StepStream::Resend(const v1::SampleResponse& response) {
+  if (!response.has_error()) return false;
+  const auto code = static_cast<absl::StatusCode>(response.error().code());
+  if (!client_->ShouldWait(absl::Status(code, ""))) return false;
+  if (code == absl::StatusCode::kUnavailable) {
+    // A draining samplerd (a rollout) refuses the steps it reads after the drain began, each
+    // with UNAVAILABLE, then ends the stream: they go to the next samplerd. Other per-step
+    // UNAVAILABLE answers (a failed context-parallel group) are answers.
+    if (!absl::StrContains(response.error().message(), "samplerd is shutting down")) return false;
+  } else {
+    // NOT_FOUND from a samplerd that restarted without this client noticing: the steps after
+    // this one read the same lost regions, so the stream is ended and every unanswered step
+    // resent, in order, once the regions are registered again.
+    if (!client_->RegistrationsLost()) return false;
+    context_->TryCancel();
+  }
+  v1::SampleResponse ignored;
+  while (stream_->Read(&ignored)) {
+  }
+  return true;
 }
 
 absl::StatusOr<v1::SampleResponse> SamplerClient::StepStream::Receive() {
   v1::SampleResponse response;
-  if (!stream_->Read(&response)) {
-    absl::Status status = FromGrpcStatus(stream_->Finish());
-    if (status.ok()) status = absl::UnavailableError("SampleStream ended by the server");
-    return status;
+  // A stream may be resumed twice per answer (samplerd restarted twice in a row); a step
+  // that takes samplerd down every time is not resent for ever.
+  for (int resumed = 0;; ++resumed) {
+    bool resend = false;
+    if (stream_->Read(&response) && !(resend = Resend(response))) break;
+    absl::Status status = Finish();
+    // Resend ended the stream itself (cancelled, or drained): resume it.
+    if (status.ok() || resend) status = absl::UnavailableError("SampleStream ended by the server");
+    if (resumed == 2) return status;
+    if (absl::Status back = Resume(status); !back.ok()) return back;
+  }
+  if (!unanswered_.empty()) {
+    unanswered_.pop_front();
+  } else {
+    in_flight_ = nullptr;
   }
   return response;
 }
 
 absl::StatusOr<v1::SampleResponse> SamplerClient::StepStream::Step(
     const v1::SampleRequest& request) {
-  if (absl::Status sent = Send(request); !sent.ok()) return sent;
-  return Receive();
+  if (!unanswered_.empty()) {  // pipelined before: answers come in order
+    if (absl::Status sent = Send(request); !sent.ok()) return sent;
+    return Receive();
+  }
+  if (closed_) return absl::FailedPreconditionError("the stream is closed");
+  if (absl::Status again = client_->RegisterAgainIfNeeded(); !again.ok()) return again;
+  // Borrowed, not copied: Step waits for the answer.
+  in_flight_ = &request;
+  absl::Status sent = Write(request);
+  absl::StatusOr<v1::SampleResponse> response =
+      sent.ok() ? Receive() : absl::StatusOr<v1::SampleResponse>(sent);
+  in_flight_ = nullptr;
+  return response;
 }
 
 absl::Status SamplerClient::StepStream::Close() {
+  closed_ = true;
+  if (finished_) return absl::OkStatus();
   stream_->WritesDone();
   v1::SampleResponse ignored;
   while (stream_->Read(&ignored)) {
   }
-  return FromGrpcStatus(stream_->Finish());
+  absl::Status status = Finish();
+  // A stream that samplerd's restart broke while it was idle lost nothing.
+  if (absl::IsUnavailable(status) && unanswered_.empty()) return absl::OkStatus();
+  return status;
 }
 
 absl::Status SamplerClient::RegisterShm(const std::string& name, ShmBuffer& shm) {
@@ -113,7 +297,7 @@ absl::Status SamplerClient::RegisterShm(const std::string& name, ShmBuffer& shm)
   request.set_kind(v1::HOST_SHM);
   request.set_shm_name(shm.shm_name());
   request.set_byte_size(shm.byte_size());
-  absl::Status status = RegisterBuffer(request);
+  absl::Status status = Register(request, &shm);
   // samplerd has opened and mapped it: the name is no longer needed, and a crash now leaves
   // nothing in /dev/shm.
   if (status.ok()) shm.Unlink();
@@ -121,12 +305,29 @@ absl::Status SamplerClient::RegisterShm(const std::string& name, ShmBuffer& shm)
 }
 
 absl::Status SamplerClient::RegisterBuffer(const v1::RegisterBufferRequest& request) {
+  return Register(request, nullptr);
+}
+
+absl::Status SamplerClient::Register(const v1::RegisterBufferRequest& request, ShmBuffer* shm) {
+  if (absl::Status again = RegisterAgainIfNeeded(); !again.ok()) return again;
   grpc::ClientContext context;
   SetDeadline(context);
   v1::RegisterBufferResponse response;
   absl::Status status = FromGrpcStatus(stub_->RegisterBuffer(&context, request, &response));
-  if (status.ok()) StartKeepAlive();
-  return status;
+  if (!status.ok()) return status;
+  {
+    absl::MutexLock lock(&registrations_mu_);
+    // samplerd restarted since the earlier registrations: they are gone.
+    if (!registrations_.empty() && server_id_ != response.server_id()) register_again_ = true;
+    server_id_ = response.server_id();
+    auto same = std::find_if(registrations_.begin(), registrations_.end(),
+                             [&](const Registration& r) { return r.request.name() == request.name(); });
+    if (same == registrations_.end()) same = registrations_.emplace(registrations_.end());
+    same->request = request;
+    same->shm = shm;
+  }
+  StartKeepAlive();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::KeepAliveResponse> SamplerClient::KeepAlive() {
@@ -138,6 +339,9 @@ absl::StatusOr<v1::KeepAliveResponse> SamplerClient::KeepAlive() {
   v1::KeepAliveResponse response;
   const grpc::Status status = stub_->KeepAlive(&context, v1::KeepAliveRequest(), &response);
   if (!status.ok()) return FromGrpcStatus(status);
+  // The next call registers again (on the caller's thread: relinking an shm region copies it,
+  // which must not race the worker's writes).
+  if (LostRegistrations(response)) register_again_.store(true, std::memory_order_release);
   return response;
 }
 
@@ -178,7 +382,15 @@ absl::Status SamplerClient::UnregisterBuffer(const std::string& name) {
   v1::UnregisterBufferRequest request;
   request.set_name(name);
   v1::UnregisterBufferResponse response;
-  return FromGrpcStatus(stub_->UnregisterBuffer(&context, request, &response));
+  const absl::Status status =
+      FromGrpcStatus(stub_->UnregisterBuffer(&context, request, &response));
+  if (status.ok() || status.code() == absl::StatusCode::kNotFound) {
+    absl::MutexLock lock(&registrations_mu_);
+    registrations_.erase(std::remove_if(registrations_.begin(), registrations_.end(),
+                                        [&](const Registration& r) { return r.request.name() == name; }),
+                         registrations_.end());
+  }
+  return status;
 }
 
 absl::StatusOr<v1::ListBuffersResponse> SamplerClient::ListBuffers() {

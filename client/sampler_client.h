@@ -10,10 +10,21 @@
 //
 // Errors are the call's gRPC status as absl::Status (same code and message). Thread-safe,
 // except that one StepStream must be used by one thread at a time.
+//
+// samplerd restarts under a live client (a sidecar restart, a rollout) are survived without
+// the caller's help: a step that finds samplerd gone waits for it (reconnect_timeout),
+// registers this client's regions again (shm ones under a fresh name: ShmBuffer::Relink) and
+// is resent on a new stream, with every other step of the stream that had no answer yet. A
+// resent step's answer is the one the lost one would have been (sampling is a function of the
+// step); what samplerd held between steps is lost with it: a request that reads pooled drafts
+// fails alone, with the pool's error. The keep-alive thread notices a restart between steps
+// (KeepAliveResponse.server_id) and the next call registers again before it is sent.
 #ifndef SAMPLERD_CLIENT_SAMPLER_CLIENT_H_
 #define SAMPLERD_CLIENT_SAMPLER_CLIENT_H_
 
+#include <atomic>
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <string>
 #include <thread>
@@ -35,6 +46,11 @@ struct ClientOptions {
   // A connection of this client's own, never shared with other clients of the same target
   // in the process (gRPC shares one by default): as separate worker processes would have.
   bool own_connection = false;
+  // How long a call that found samplerd gone (UNAVAILABLE: a sidecar restart or rollout) waits
+  // for it to come back before failing; 0: fail at once. A client that waits registers its
+  // regions again with the new samplerd and resends the steps it had no answer for. 0 also
+  // turns the rest of that recovery off: the caller then handles restarts itself.
+  std::chrono::milliseconds reconnect_timeout{30000};
 };
 
 class SamplerClient final {
@@ -59,8 +75,27 @@ class SamplerClient final {
 
    private:
     friend class SamplerClient;
+    explicit StepStream(SamplerClient* client) : client_(client) {}
+    absl::Status Open();
+    // Writes `request` (already in unanswered_, or in_flight_); a broken stream is resumed.
+    absl::Status Write(const v1::SampleRequest& request);
+    // After the stream broke with `status`: waits for samplerd, opens a new stream and resends
+    // every step without an answer. Returns `status` when it is not a broken connection or
+    // the client does not wait.
+    absl::Status Resume(const absl::Status& status);
+    absl::Status Finish();  // the call's status, once per opened stream
+    // Whether `response` is an error the client recovers from by resending (a draining
+    // samplerd's refusal, or regions a restarted samplerd forgot); if so, ends the stream.
+    bool Resend(const v1::SampleResponse& response);
+    SamplerClient* const client_;
     std::unique_ptr<grpc::ClientContext> context_;
     std::unique_ptr<grpc::ClientReaderWriter<v1::SampleRequest, v1::SampleResponse>> stream_;
+    // Steps sent and not yet answered, in order: copies for Send; Step's own request is
+    // borrowed (in_flight_, after them) since Step waits for its answer.
+    std::deque<v1::SampleRequest> unanswered_;
+    const v1::SampleRequest* in_flight_ = nullptr;
+    bool closed_ = false;
+    bool finished_ = false;
   };
   absl::StatusOr<std::unique_ptr<StepStream>> OpenStream();
 
@@ -70,7 +105,9 @@ class SamplerClient final {
   // its first registration on (a thread of its own, ended by the destructor). When the client
   // is gone (killed, or idle past the lease) samplerd releases its regions.
   absl::Status RegisterShm(const std::string& name, ShmBuffer& shm);
-  // Registers a region (RegisterShm's lease applies: the keep-alive starts here too).
+  // Registers a region (RegisterShm's lease applies: the keep-alive starts here too). The
+  // client keeps the request to register it again after a samplerd restart: `request`'s
+  // handle must stay valid while it is registered.
   absl::Status RegisterBuffer(const v1::RegisterBufferRequest& request);
   absl::Status UnregisterBuffer(const std::string& name);
   // Renews this client's registration lease now; returns the server's lease.
@@ -92,12 +129,34 @@ class SamplerClient final {
   void SetDeadline(grpc::ClientContext& context) const;
   // Starts the keep-alive thread once (after the first successful registration).
   void StartKeepAlive();
+  absl::Status Register(const v1::RegisterBufferRequest& request, ShmBuffer* shm);
+  // Registers again the regions samplerd no longer holds for this client (all of them after
+  // a restart), when the keep-alive or a call found some gone. Cheap when nothing is.
+  absl::Status RegisterAgainIfNeeded();
+  // Asks samplerd (a KeepAlive) whether it lost this client's regions, as a restarted one does.
+  bool RegistrationsLost();
+  // Waits up to reconnect_timeout for samplerd to answer, then registers again what it lost.
+  absl::Status AwaitServer();
+  // Whether samplerd holds fewer of this client's regions than it registered (a restart:
+  // another server_id; or its lease ran out while this process was stopped).
+  bool LostRegistrations(const v1::KeepAliveResponse& response);
+  // The response's failure is samplerd gone away (restart, rollout, drain).
+  bool ShouldWait(const absl::Status& status) const;
 
   const ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Sampler::Stub> stub_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;
   const std::string client_id_;
+  // What this client registered, to register again (in order; by name).
+  struct Registration {
+    v1::RegisterBufferRequest request;
+    ShmBuffer* shm = nullptr;  // RegisterShm's buffer: relinked before registering again
+  };
+  absl::Mutex registrations_mu_;
+  std::vector<Registration> registrations_ ABSL_GUARDED_BY(registrations_mu_);
+  std::string server_id_ ABSL_GUARDED_BY(registrations_mu_);
+  std::atomic<bool> register_again_{false};
   absl::Mutex keepalive_mu_;
   bool keepalive_stop_ ABSL_GUARDED_BY(keepalive_mu_) = false;
   std::thread keepalive_ ABSL_GUARDED_BY(keepalive_mu_);

@@ -46,6 +46,45 @@ void ShmBuffer::Unlink() {
   unlinked_ = true;
 }
 
+absl::Status ShmBuffer::Relink() {
+  int fd = -1;
+  std::string name;
+  for (int attempt = 0; attempt < 64 && fd < 0; ++attempt) {
+    name = absl::StrCat(base_name_, ".", ++generation_);
+    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0 && errno != EEXIST) {
+      return absl::InternalError(absl::StrCat("shm_open ", name, ": ", std::strerror(errno)));
+    }
+  }
+  if (fd < 0) return absl::AlreadyExistsError(absl::StrCat(name, " and 63 before it exist"));
+  auto fail = [&](const char* what) {
+    const int err = errno;
+    close(fd);
+    shm_unlink(name.c_str());
+    return absl::InternalError(absl::StrCat(what, " ", name, ": ", std::strerror(err)));
+  };
+  if (ftruncate(fd, byte_size_) != 0) return fail("ftruncate");
+  // The contents first (from the old mapping into the new object), then the new object is
+  // mapped over the old one at the same address.
+  const char* from = static_cast<const char*>(data_);
+  for (int64_t done = 0; done < byte_size_;) {
+    const ssize_t n = pwrite(fd, from + done, static_cast<size_t>(byte_size_ - done), done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return fail("pwrite");
+    done += n;
+  }
+  if (mmap(data_, static_cast<size_t>(byte_size_), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+           fd, 0) == MAP_FAILED) {
+    return fail("mmap");
+  }
+  close(fd_);
+  Unlink();
+  fd_ = fd;
+  shm_name_ = std::move(name);
+  unlinked_ = false;
+  return absl::OkStatus();
+}
+
 ShmBuffer::~ShmBuffer() {
   munmap(data_, static_cast<size_t>(byte_size_));
   close(fd_);

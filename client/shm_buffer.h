@@ -38,12 +38,20 @@ class ShmBuffer final {
   // Removes the name from /dev/shm (once; later calls do nothing). The memory stays.
   void Unlink();
   bool unlinked() const { return unlinked_; }
+  // Moves the memory to a new object with a fresh name (shm_name() + ".N"), keeping its
+  // contents and its address: data() and every pointer into it stay valid. For registering
+  // the region again with a samplerd that restarted, since an unlinked name cannot be opened
+  // again. Not safe while another thread writes into the buffer.
+  absl::Status Relink();
 
  private:
   ShmBuffer(std::string shm_name, int fd, void* data, int64_t byte_size)
-      : shm_name_(std::move(shm_name)), fd_(fd), data_(data), byte_size_(byte_size) {}
-  const std::string shm_name_;
-  const int fd_;
+      : base_name_(shm_name), shm_name_(std::move(shm_name)), fd_(fd), data_(data),
+        byte_size_(byte_size) {}
+  const std::string base_name_;  // the name Create was given; Relink's names derive from it
+  std::string shm_name_;
+  int fd_;
+  int generation_ = 0;
   void* const data_;
   const int64_t byte_size_;
   bool unlinked_ = false;

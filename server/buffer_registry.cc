@@ -93,6 +93,13 @@ std::string BufferRegistry::OwnerOf(const std::string& name) const {
   return it == regions_.end() ? std::string() : it->second->info.owner();
 }
 
+int BufferRegistry::CountOwnedBy(const std::string& owner) const {
+  absl::MutexLock lock(&mu_);
+  int owned = 0;
+  for (const auto& [name, region] : regions_) owned += region->info.owner() == owner;
+  return owned;
+}
+
 BufferRegistry::Released BufferRegistry::ReleaseOwner(const std::string& owner) {
   // Dropped outside the lock: the last reference unmaps (or closes a CUDA IPC mapping).
   std::vector<std::shared_ptr<const void>> dropped;

@@ -53,6 +53,8 @@ class BufferRegistry final : public LogitsSourceResolver {
   int Size() const;
   // The owner of `name`, or "" when no such region.
   std::string OwnerOf(const std::string& name) const;
+  // How many regions `owner` holds.
+  int CountOwnedBy(const std::string& owner) const;
   // Drops every region of `owner` and the one-off handles and ready events it used last; their
   // memory is unmapped (CUDA IPC mappings closed) once the last step reading it finishes.
   struct Released {

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "sampler/extent.h"
@@ -14,6 +15,12 @@ namespace samplerd {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// 64 random bits as hex.
+std::string RandomServerId() {
+  std::random_device entropy;
+  return absl::StrCat(absl::Hex(entropy(), absl::kZeroPad8), absl::Hex(entropy(), absl::kZeroPad8));
+}
 
 // gRPC metadata naming the client instance (a random id the client libraries send): the
 // draft pool scope that survives reconnects and is shared by a worker's calls and streams.
@@ -133,6 +140,7 @@ SamplerService::SamplerService(Backend& backend, BufferRegistry& registry, Group
       metrics_(metrics),
       options_(options),
       seed_source_(std::move(seed_source)),
+      server_id_(RandomServerId()),
       leases_(options.registration_lease) {
   if (options_.registration_lease > absl::ZeroDuration()) {
     // Expired owners are released within a quarter of the lease (at most 250 ms) of expiring.
@@ -380,7 +388,7 @@ grpc::Status SamplerService::SampleStream(
 
 grpc::Status SamplerService::RegisterBuffer(grpc::ServerContext* context,
                                             const v1::RegisterBufferRequest* request,
-                                            v1::RegisterBufferResponse*) {
+                                            v1::RegisterBufferResponse* response) {
   const Clock::time_point start = Clock::now();
   const std::string owner = ClientScope(*context);
   leases_.Track(owner, absl::Now());
@@ -399,6 +407,7 @@ grpc::Status SamplerService::RegisterBuffer(grpc::ServerContext* context,
     spdlog::warn("RegisterBuffer '{}': {}", request->name(), registered.status().ToString());
     return ToGrpcStatus(registered.status());
   }
+  response->set_server_id(server_id_);
   // Registration's cost (opening, mapping, pinning) is paid once, here: logged.
   std::string pinning;
   if (registered->pinned()) {
@@ -463,6 +472,7 @@ grpc::Status SamplerService::GetServerInfo(grpc::ServerContext*, const v1::GetSe
                                            v1::GetServerInfoResponse* response) {
   const BackendInfo info = backend_.Info();
   response->set_version(options_.version);
+  response->set_server_id(server_id_);
   response->set_backend(info.name);
   response->set_device(info.device);
   v1::ServerLimits* limits = response->mutable_limits();
@@ -525,9 +535,8 @@ grpc::Status SamplerService::KeepAlive(grpc::ServerContext* context, const v1::K
   const std::string client = ClientScope(*context);
   leases_.Touch(client, absl::Now());
   response->set_lease_ms(absl::ToInt64Milliseconds(options_.registration_lease));
-  int owned = 0;
-  for (const v1::BufferInfo& info : registry_.List()) owned += info.owner() == client;
-  response->set_buffers(owned);
+  response->set_buffers(registry_.CountOwnedBy(client));
+  response->set_server_id(server_id_);
   return grpc::Status::OK;
 }
 

@@ -101,6 +101,8 @@ class SamplerService final : public v1::Sampler::Service {
   Metrics& metrics_;
   const ServiceOptions options_;
   const SeedSource seed_source_;
+  // Random per process (KeepAliveResponse.server_id): how clients see a restart.
+  const std::string server_id_;
 
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> steps_read_{0};

@@ -31,10 +31,10 @@ std::string g_fake_worker;
 
 class ServerE2E : public ::testing::Test {
  protected:
-  void StartServer(std::vector<std::string> flags = {}) {
+  void StartServer(std::vector<std::string> flags = {}, const ClientOptions& options = {}) {
     server_ = std::make_unique<ServerProcess>(g_samplerd, std::move(flags));
     ASSERT_TRUE(server_->Start().ok());
-    auto client = SamplerClient::Connect(server_->target());
+    auto client = SamplerClient::Connect(server_->target(), options);
     ASSERT_TRUE(client.ok());
     client_ = std::move(*client);
   }
@@ -85,7 +85,11 @@ TEST_F(ServerE2E, DrainingReportsNotServingThenExitsZero) {
 }
 
 TEST_F(ServerE2E, SigtermDuringAStreamAnswersEveryAcceptedStep) {
-  ASSERT_NO_FATAL_FAILURE(StartServer());
+  // A client that does not wait for the next samplerd (one that does resends the refused
+  // steps there: samplerd_restart_test).
+  ClientOptions no_wait;
+  no_wait.reconnect_timeout = std::chrono::milliseconds(0);
+  ASSERT_NO_FATAL_FAILURE(StartServer({}, no_wait));
   auto stream = client_->OpenStream();
   ASSERT_TRUE(stream.ok());
   std::atomic<int> answered{0};

@@ -39,8 +39,10 @@ class ServerProcess {
   // Waits at most `timeout_s` for the server's port file.
   absl::Status Start(int timeout_s = 10) {
     const std::string port_file = dir_ + "/port";
+    unlink(port_file.c_str());  // a restart must not read the last run's port
     std::vector<std::string> args = {binary_, "--listen=127.0.0.1:0",
                                      "--port_file=" + port_file, "--log_level=warn"};
+    if (unix_socket_) args.push_back("--unix_socket=" + unix_socket_path());
     args.insert(args.end(), flags_.begin(), flags_.end());
     pid_ = fork();
     if (pid_ == 0) {
@@ -96,6 +98,10 @@ class ServerProcess {
 
   // Before Start: the server's stdout and stderr go to `path` instead of ours.
   void set_log_file(std::string path) { log_file_ = std::move(path); }
+  // Before Start: the server also listens on unix_socket_path(), the same one after a
+  // restart (a TCP port 0 would change).
+  void set_unix_socket() { unix_socket_ = true; }
+  std::string unix_socket_path() const { return dir_ + "/samplerd.sock"; }
   std::string target() const { return absl::StrCat("127.0.0.1:", port_); }
   pid_t pid() const { return pid_; }
   // The server's resident set and its peak so far (VmRSS, VmHWM of /proc/PID/status), in KiB.
@@ -119,6 +125,7 @@ class ServerProcess {
   const std::vector<std::string> flags_;
   std::string dir_;
   std::string log_file_;
+  bool unix_socket_ = false;
   pid_t pid_ = -1;
   int port_ = 0;
   int metrics_port_ = 0;
