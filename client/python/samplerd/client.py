@@ -5,12 +5,22 @@ Every rpc failure raises SamplerError carrying the grpc.StatusCode. A step-level
 stream (samplerd answers it with `error` set and keeps the stream open) raises SamplerError
 from that step; the stream stays usable. A failed request inside a successful step does not
 raise until its fields are read (RequestResult), since the step's other results are valid.
+
+A samplerd restart under a live client (a sidecar restart, a rollout) is survived without the
+caller's help, as the C++ client does: a step that finds samplerd gone waits for it (up to
+`reconnect_timeout` seconds; 0 turns recovery off), the client registers its regions again
+(an shm region moves to a fresh name: ShmRegion.relink) and resends, on a new stream, every
+step that had no answer. A resent step's answer is the one the lost one would have been;
+what samplerd held between steps (pooled drafts) is lost, and a request that needs it fails
+alone with the pool's error.
 """
 import asyncio
+import collections
 import itertools
 import queue
 import secrets
 import threading
+import time
 from typing import List, Optional, Sequence
 
 import grpc
@@ -55,8 +65,12 @@ def _health_status(data: bytes) -> str:
 
 
 def _channel_options(max_message_bytes: int):
+    # Reconnect backoff capped at 1 s (gRPC's default grows to 120 s): a restarted samplerd is
+    # found within a second of coming back.
     return [("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes)]
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000)]
 
 
 def _check_step(msg) -> StepResult:
@@ -76,8 +90,12 @@ def _cuda_registration(region: CudaRegion):
                                     byte_size=region.byte_size)
 
 
+_SHUTTING_DOWN = "samplerd is shutting down"  # a draining samplerd's refusal of a step
+
+
 class _Base:
-    def __init__(self, client_id: Optional[str], timeout: Optional[float]):
+    def __init__(self, client_id: Optional[str], timeout: Optional[float],
+                 reconnect_timeout: float):
         # samplerd keys its draft pool by client id, and the client's registrations belong to
         # it: a worker that reconnects under the same id finds its drafts and regions again.
         # Without one, a random id (so that every call of this client is one owner).
@@ -85,6 +103,61 @@ class _Base:
         self._metadata = (("samplerd-client-id", self.client_id),)
         self._timeout = timeout
         self._step_ids = itertools.count(1)
+        self._reconnect_timeout = reconnect_timeout
+        # What this client registered, to register again with a restarted samplerd: name ->
+        # (RegisterBufferRequest, its ShmRegion or None); and the samplerd that holds it.
+        self._registrations = {}
+        self._server_id = None
+        self._register_again = False
+
+    def _should_wait(self, code) -> bool:
+        """UNAVAILABLE is samplerd gone (or draining); NOT_FOUND may be a restarted samplerd
+        that forgot this client's regions (asked before resending). Other codes are answers."""
+        return self._reconnect_timeout > 0 and code in (grpc.StatusCode.UNAVAILABLE,
+                                                        grpc.StatusCode.NOT_FOUND)
+
+    def _note_alive(self, reply):
+        """A KeepAlive answer: a different samplerd, or fewer regions, means it lost them."""
+        if self._registrations and (reply.server_id != self._server_id or
+                                    reply.buffers < len(self._registrations)):
+            self._register_again = True
+
+    def _note_registered(self, request, region, server_id):
+        if self._registrations and server_id != self._server_id:
+            self._register_again = True  # samplerd restarted since the earlier ones
+        self._server_id = server_id
+        self._registrations[request.name] = (request, region)
+
+    def _lost_registrations(self, listed):
+        """The (request, region) pairs samplerd no longer holds for this client."""
+        held = {b.name for b in listed.buffers if b.owner == "id:" + self.client_id}
+        return [(req, region) for name, (req, region) in self._registrations.items()
+                if name not in held]
+
+    @staticmethod
+    def _moved(request, region):
+        """`request` for `region` after moving it to a fresh shm name (its old one is gone)."""
+        if region is None:
+            return request
+        region.relink()
+        moved = pb.RegisterBufferRequest()
+        moved.CopyFrom(request)
+        moved.shm_name = region.name
+        return moved
+
+    def _refused(self, msg) -> bool:
+        """A draining samplerd's refusal of a step, which goes to the next samplerd instead."""
+        return (msg.HasField("error") and msg.error.code == grpc.StatusCode.UNAVAILABLE.value[0]
+                and _SHUTTING_DOWN in msg.error.message and self._reconnect_timeout > 0)
+
+    def _not_found(self, msg) -> bool:
+        return (msg.HasField("error") and msg.error.code == grpc.StatusCode.NOT_FOUND.value[0]
+                and self._reconnect_timeout > 0)
+
+    def _gone(self, last_error):
+        return SamplerError(grpc.StatusCode.UNAVAILABLE,
+                            f"samplerd did not come back within {self._reconnect_timeout} s "
+                            f"(reconnect_timeout): {last_error}")
 
     def _bind(self, channel):
         """The rpcs' callables on `channel` (grpc and grpc.aio channels have the same API)."""
@@ -110,9 +183,10 @@ class SamplerClient(_Base):
 
     def __init__(self, target: str, *, client_id: Optional[str] = None,
                  max_message_bytes: int = 256 * _MIB, timeout: Optional[float] = None,
-                 channel: Optional[grpc.Channel] = None):
-        super().__init__(client_id, timeout)
+                 channel: Optional[grpc.Channel] = None, reconnect_timeout: float = 30.0):
+        super().__init__(client_id, timeout, reconnect_timeout)
         self._bind(channel or grpc.insecure_channel(target, _channel_options(max_message_bytes)))
+        self._registrations_lock = threading.RLock()
 
     def _call(self, name, request):
         try:
@@ -132,7 +206,75 @@ class SamplerClient(_Base):
         return self.sample_request(self.build(logits, requests, **kw))
 
     def sample_request(self, request) -> StepResult:
+        self._register_again_if_needed()
+        try:
+            return _check_step(self._call("Sample", request))
+        except SamplerError as e:
+            if not self._should_wait(e.code):
+                raise
+            if e.code == grpc.StatusCode.NOT_FOUND:
+                if not self._registrations_lost():
+                    raise
+                self._register_again_if_needed()
+            else:
+                self._await_server()
         return _check_step(self._call("Sample", request))
+
+    def _await_server(self):
+        """Waits up to reconnect_timeout for samplerd to answer, then registers again what it
+        lost (raises SamplerError UNAVAILABLE naming reconnect_timeout if it does not come)."""
+        deadline = time.monotonic() + self._reconnect_timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                reply = self._rpcs["KeepAlive"](pb.KeepAliveRequest(), timeout=max(left, 0.001),
+                                                metadata=self._metadata, wait_for_ready=True)
+                break
+            except grpc.RpcError as e:
+                # A samplerd still draining answers UNAVAILABLE itself: wait for the next one.
+                if e.code() != grpc.StatusCode.UNAVAILABLE or left < 0.05:
+                    raise self._gone(e.details()) from None
+                time.sleep(0.05)
+        with self._registrations_lock:
+            self._note_alive(reply)
+        self._register_again_if_needed()
+
+    def _registrations_lost(self) -> bool:
+        try:
+            reply = self._rpcs["KeepAlive"](pb.KeepAliveRequest(), timeout=self._timeout,
+                                            metadata=self._metadata)
+        except grpc.RpcError:
+            return False
+        with self._registrations_lock:
+            self._note_alive(reply)
+            return self._register_again
+
+    def _register_again_if_needed(self):
+        if not self._register_again:
+            return
+        with self._registrations_lock:
+            if not self._register_again:
+                return  # another thread did it
+            listed = self._call("ListBuffers", pb.ListBuffersRequest())
+            for request, region in self._lost_registrations(listed):
+                request = self._moved(request, region)
+                try:
+                    reply = self._call("RegisterBuffer", request)
+                except SamplerError as e:
+                    raise SamplerError(e.code, f"registering {request.name!r} again with "
+                                               f"samplerd: {e.message}") from None
+                if region is not None:
+                    region.unlink()
+                self._registrations[request.name] = (request, region)
+                self._server_id = reply.server_id
+            self._register_again = False
+
+    def _register(self, request, region):
+        self._register_again_if_needed()
+        reply = self._call("RegisterBuffer", request)
+        with self._registrations_lock:
+            self._note_registered(request, region, reply.server_id)
+        self._start_keepalive()
 
     def stream(self) -> "StepStream":
         """A SampleStream step loop (cheaper per step than unary calls)."""
@@ -144,17 +286,16 @@ class SamplerClient(_Base):
         leaves no name behind. The registration is this client's: samplerd keeps it while the
         client is alive (its calls, and the keep-alive it sends by itself every lease / 3 from
         its first registration on) and releases it when the client is gone."""
-        self._call("RegisterBuffer", _shm_registration(region, name))
+        self._register(_shm_registration(region, name), region)
         region.unlink()
-        self._start_keepalive()
-        return name or region.name
+        region.buffer_name = name or region.name
+        return region.buffer_name
 
     def register_cuda_tensor(self, name: str, tensor) -> CudaRegion:
         """Registers a CUDA tensor's storage as a CUDA_IPC region; send views of it with
         CudaLogits(region, view, ready_event). Kept alive as register_shm's region is."""
         region = CudaRegion.from_tensor(name, tensor)
-        self._call("RegisterBuffer", _cuda_registration(region))
-        self._start_keepalive()
+        self._register(_cuda_registration(region), None)
         return region
 
     def keep_alive(self):
@@ -170,8 +311,14 @@ class SamplerClient(_Base):
             period = 1.0
             while not self._keepalive_stop.is_set():
                 try:
-                    lease_ms = self._rpcs["KeepAlive"](pb.KeepAliveRequest(), timeout=2.0,
-                                                       metadata=self._metadata).lease_ms
+                    reply = self._rpcs["KeepAlive"](pb.KeepAliveRequest(), timeout=2.0,
+                                                    metadata=self._metadata)
+                    # A restarted samplerd: the next call registers again (on the caller's
+                    # thread: relinking an shm region copies it, which must not race the
+                    # worker's writes).
+                    with self._registrations_lock:
+                        self._note_alive(reply)
+                    lease_ms = reply.lease_ms
                     period = max(0.05, lease_ms / 3000.0) if lease_ms > 0 else 10.0
                 except grpc.RpcError:
                     pass  # the server is away for now; the next tick tries again
@@ -182,6 +329,8 @@ class SamplerClient(_Base):
 
     def unregister(self, name: str):
         self._call("UnregisterBuffer", pb.UnregisterBufferRequest(name=name))
+        with self._registrations_lock:
+            self._registrations.pop(name, None)
 
     def list_buffers(self) -> List[object]:
         return list(self._call("ListBuffers", pb.ListBuffersRequest()).buffers)
@@ -237,26 +386,62 @@ _END = object()
 
 class StepStream:
     """One SampleStream: `step()` sends a step and returns its answer; `send()`/`recv()` let a
-    worker keep several steps in flight (answers come back in order)."""
+    worker keep several steps in flight (answers come back in order). A stream broken by a
+    samplerd restart is resumed (the client's docstring says how)."""
 
     def __init__(self, client: SamplerClient):
         self._client = client
-        self._queue: "queue.Queue" = queue.Queue()
-        self._responses = client._stream(iter(self._queue.get, _END), metadata=client._metadata)
+        self._unanswered = collections.deque()  # sent, not yet answered, in order
         self._closed = False
+        self._open()
+
+    def _open(self):
+        self._queue: "queue.Queue" = queue.Queue()
+        self._responses = self._client._stream(iter(self._queue.get, _END),
+                                               metadata=self._client._metadata)
+
+    def _resume(self):
+        """Ends the broken stream, waits for samplerd, opens a new stream and resends every
+        unanswered step."""
+        self._queue.put(_END)
+        self._responses.cancel()
+        self._client._await_server()
+        self._open()
+        for request in self._unanswered:
+            self._queue.put(request)
 
     def send(self, request):
         if self._closed:
             raise SamplerError(grpc.StatusCode.CANCELLED, "the stream is closed")
+        self._client._register_again_if_needed()
+        self._unanswered.append(request)
         self._queue.put(request)
 
     def recv(self) -> StepResult:
-        try:
-            return _check_step(next(self._responses))
-        except grpc.RpcError as e:
-            raise SamplerError.from_rpc_error(e) from None
-        except StopIteration:
-            raise SamplerError(grpc.StatusCode.UNAVAILABLE, "the stream ended") from None
+        # Resumed at most twice per answer: a step that takes samplerd down every time is not
+        # resent for ever.
+        for resumed in range(3):
+            try:
+                msg = next(self._responses)
+            except grpc.RpcError as e:
+                error = SamplerError.from_rpc_error(e)
+                # The call is its own exception: its traceback holds the caller's frames (and
+                # the numpy views there), in a cycle only the gc would free.
+                e.__traceback__ = None
+            except StopIteration:
+                error = SamplerError(grpc.StatusCode.UNAVAILABLE, "the stream ended")
+            else:
+                if self._client._refused(msg) or (self._client._not_found(msg) and
+                                                  self._client._registrations_lost()):
+                    error = SamplerError(grpc.StatusCode.UNAVAILABLE, msg.error.message)
+                else:
+                    if self._unanswered:
+                        self._unanswered.popleft()
+                    return _check_step(msg)
+            if resumed == 2 or not self._client._should_wait(error.code):
+                raise error
+            self._resume()
+        raise AssertionError("unreachable")
 
     def step(self, logits, requests: Sequence[Request], **kw) -> StepResult:
         self.send(self._client.build(logits, requests, **kw))
@@ -285,9 +470,11 @@ class AsyncSamplerClient(_Base):
     """The asyncio client (grpc.aio); the same methods as SamplerClient, awaitable."""
 
     def __init__(self, target: str, *, client_id: Optional[str] = None,
-                 max_message_bytes: int = 256 * _MIB, timeout: Optional[float] = None):
-        super().__init__(client_id, timeout)
+                 max_message_bytes: int = 256 * _MIB, timeout: Optional[float] = None,
+                 reconnect_timeout: float = 30.0):
+        super().__init__(client_id, timeout, reconnect_timeout)
         self._bind(grpc.aio.insecure_channel(target, _channel_options(max_message_bytes)))
+        self._registrations_lock = asyncio.Lock()
 
     async def _call(self, name, request):
         try:
@@ -299,22 +486,85 @@ class AsyncSamplerClient(_Base):
         return await self.sample_request(self.build(logits, requests, **kw))
 
     async def sample_request(self, request) -> StepResult:
+        await self._register_again_if_needed()
+        try:
+            return _check_step(await self._call("Sample", request))
+        except SamplerError as e:
+            if not self._should_wait(e.code):
+                raise
+            if e.code == grpc.StatusCode.NOT_FOUND:
+                if not await self._registrations_lost():
+                    raise
+                await self._register_again_if_needed()
+            else:
+                await self._await_server()
         return _check_step(await self._call("Sample", request))
+
+    async def _await_server(self):
+        """As SamplerClient._await_server."""
+        deadline = time.monotonic() + self._reconnect_timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                reply = await self._rpcs["KeepAlive"](
+                    pb.KeepAliveRequest(), timeout=max(left, 0.001), metadata=self._metadata,
+                    wait_for_ready=True)
+                break
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or left < 0.05:
+                    raise self._gone(e.details()) from None
+                await asyncio.sleep(0.05)
+        self._note_alive(reply)
+        await self._register_again_if_needed()
+
+    async def _registrations_lost(self) -> bool:
+        try:
+            reply = await self._rpcs["KeepAlive"](pb.KeepAliveRequest(), timeout=self._timeout,
+                                                  metadata=self._metadata)
+        except grpc.RpcError:
+            return False
+        self._note_alive(reply)
+        return self._register_again
+
+    async def _register_again_if_needed(self):
+        if not self._register_again:
+            return
+        async with self._registrations_lock:
+            if not self._register_again:
+                return
+            listed = await self._call("ListBuffers", pb.ListBuffersRequest())
+            for request, region in self._lost_registrations(listed):
+                request = self._moved(request, region)
+                try:
+                    reply = await self._call("RegisterBuffer", request)
+                except SamplerError as e:
+                    raise SamplerError(e.code, f"registering {request.name!r} again with "
+                                               f"samplerd: {e.message}") from None
+                if region is not None:
+                    region.unlink()
+                self._registrations[request.name] = (request, region)
+                self._server_id = reply.server_id
+            self._register_again = False
+
+    async def _register(self, request, region):
+        await self._register_again_if_needed()
+        reply = await self._call("RegisterBuffer", request)
+        self._note_registered(request, region, reply.server_id)
+        self._start_keepalive()
 
     def stream(self) -> "AsyncStepStream":
         return AsyncStepStream(self)
 
     async def register_shm(self, region: ShmRegion, name: Optional[str] = None) -> str:
         """As SamplerClient.register_shm (the keep-alive is a task on this event loop)."""
-        await self._call("RegisterBuffer", _shm_registration(region, name))
+        await self._register(_shm_registration(region, name), region)
         region.unlink()
-        self._start_keepalive()
-        return name or region.name
+        region.buffer_name = name or region.name
+        return region.buffer_name
 
     async def register_cuda_tensor(self, name: str, tensor) -> CudaRegion:
         region = CudaRegion.from_tensor(name, tensor)
-        await self._call("RegisterBuffer", _cuda_registration(region))
-        self._start_keepalive()
+        await self._register(_cuda_registration(region), None)
         return region
 
     async def keep_alive(self):
@@ -328,8 +578,10 @@ class AsyncSamplerClient(_Base):
             period = 1.0
             while True:
                 try:
-                    lease_ms = (await self._rpcs["KeepAlive"](
-                        pb.KeepAliveRequest(), timeout=2.0, metadata=self._metadata)).lease_ms
+                    reply = await self._rpcs["KeepAlive"](
+                        pb.KeepAliveRequest(), timeout=2.0, metadata=self._metadata)
+                    self._note_alive(reply)  # the next call registers again if needed
+                    lease_ms = reply.lease_ms
                     period = max(0.05, lease_ms / 3000.0) if lease_ms > 0 else 10.0
                 except grpc.RpcError:
                     pass
@@ -339,6 +591,7 @@ class AsyncSamplerClient(_Base):
 
     async def unregister(self, name: str):
         await self._call("UnregisterBuffer", pb.UnregisterBufferRequest(name=name))
+        self._registrations.pop(name, None)
 
     async def list_buffers(self) -> List[object]:
         return list((await self._call("ListBuffers", pb.ListBuffersRequest())).buffers)
@@ -389,35 +642,76 @@ class AsyncSamplerClient(_Base):
 
 
 class AsyncStepStream:
-    """An asyncio SampleStream: `await step(...)`, or `send()`/`recv()` to pipeline."""
+    """An asyncio SampleStream: `await step(...)`, or `send()`/`recv()` to pipeline. Resumed
+    after a samplerd restart as StepStream is."""
 
     def __init__(self, client: AsyncSamplerClient):
         self._client = client
+        self._unanswered = collections.deque()
         self._call = client._stream(metadata=client._metadata)
+        self._broken = False  # a write failed: the stream is gone, whatever read() says
+
+    async def _resume(self):
+        self._call.cancel()
+        await self._client._await_server()
+        self._call = self._client._stream(metadata=self._client._metadata)
+        self._broken = False
+        for request in self._unanswered:
+            try:
+                await self._call.write(request)
+            except (grpc.RpcError, asyncio.InvalidStateError):
+                self._broken = True  # gone again: the next read resumes once more
+                break
 
     async def send(self, request):
+        await self._client._register_again_if_needed()
+        self._unanswered.append(request)
         try:
             await self._call.write(request)
-        except grpc.RpcError as e:
-            raise SamplerError.from_rpc_error(e) from None
+        except (grpc.RpcError, asyncio.InvalidStateError) as e:
+            # Broken: recv() resumes the stream and resends this step with the others (the
+            # read then fails with grpc's INTERNAL "Internal error from Core", not UNAVAILABLE).
+            self._broken = True
+            if self._client._reconnect_timeout <= 0:
+                if isinstance(e, grpc.RpcError):
+                    raise SamplerError.from_rpc_error(e) from None
+                raise SamplerError(grpc.StatusCode.UNAVAILABLE, "the stream ended") from None
 
     async def recv(self) -> StepResult:
-        try:
-            msg = await self._call.read()
-        except grpc.RpcError as e:
-            raise SamplerError.from_rpc_error(e) from None
-        if msg is grpc.aio.EOF:
-            raise SamplerError(grpc.StatusCode.UNAVAILABLE, "the stream ended")
-        return _check_step(msg)
+        for resumed in range(3):
+            try:
+                msg = await self._call.read()
+            except grpc.RpcError as e:
+                error = SamplerError.from_rpc_error(e)
+                if self._broken:
+                    error = SamplerError(grpc.StatusCode.UNAVAILABLE,
+                                         f"the stream broke while sending: {error.message}")
+            else:
+                if msg is grpc.aio.EOF:
+                    error = SamplerError(grpc.StatusCode.UNAVAILABLE, "the stream ended")
+                elif self._client._refused(msg) or (self._client._not_found(msg) and
+                                                    await self._client._registrations_lost()):
+                    error = SamplerError(grpc.StatusCode.UNAVAILABLE, msg.error.message)
+                else:
+                    if self._unanswered:
+                        self._unanswered.popleft()
+                    return _check_step(msg)
+            if resumed == 2 or not self._client._should_wait(error.code):
+                raise error
+            await self._resume()
+        raise AssertionError("unreachable")
 
     async def step(self, logits, requests: Sequence[Request], **kw) -> StepResult:
         await self.send(self._client.build(logits, requests, **kw))
         return await self.recv()
 
     async def close(self):
-        await self._call.done_writing()
-        while await self._call.read() is not grpc.aio.EOF:
-            pass
+        try:
+            await self._call.done_writing()
+            while await self._call.read() is not grpc.aio.EOF:
+                pass
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            pass  # broken by a samplerd restart while idle: nothing was lost
 
     async def __aenter__(self):
         return self

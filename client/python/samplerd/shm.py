@@ -7,6 +7,7 @@ pod-level runAsUser). Objects are created mode 0600, exclusively; register_shm u
 as soon as samplerd has mapped the region (a crashed worker leaves nothing in /dev/shm), and
 close() unmaps.
 """
+import ctypes
 import mmap
 import os
 import secrets
@@ -14,6 +15,11 @@ import secrets
 import numpy as np
 
 _SHM_DIR = "/dev/shm"  # where glibc's shm_open keeps objects on Linux
+_MAP_FIXED = 0x10  # Linux; the mmap module does not export it
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_long]
 
 
 class ShmRegion:
@@ -23,6 +29,11 @@ class ShmRegion:
         if byte_size <= 0:
             raise ValueError("byte_size must be positive")
         self.name = name or f"/samplerd-{os.getpid()}-{secrets.token_hex(6)}"
+        self._base_name = self.name
+        # The name steps use for it (ShmLogits): the one it is registered under, which stays
+        # when relink() moves the memory to a new shm name.
+        self.buffer_name = self.name
+        self._generation = 0
         if not self.name.startswith("/") or "/" in self.name[1:]:
             raise ValueError(f"shm name {self.name!r} must be '/' then a name without '/'")
         self.byte_size = byte_size
@@ -69,6 +80,44 @@ class ShmRegion:
         except FileNotFoundError:
             pass
         self._path = None
+
+    def relink(self):
+        """Moves the region's memory to a new shm object (its name: the first name plus ".N"),
+        mapped at the same address, so every numpy view stays valid. The client calls this to
+        register the region with a restarted samplerd: the old name was unlinked, and samplerd
+        maps objects by name. The contents are copied; the worker must not write meanwhile
+        (the client does it on the caller's thread, before the step that needs it)."""
+        if self._map is None:
+            raise ValueError("the region is closed")
+        while True:
+            self._generation += 1
+            name = f"{self._base_name}.{self._generation}"
+            path = _SHM_DIR + name
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                             os.O_CLOEXEC, 0o600)
+                break
+            except FileExistsError:
+                continue
+        try:
+            os.ftruncate(fd, self.byte_size)
+            with memoryview(self._map) as view:
+                done = 0
+                while done < self.byte_size:
+                    done += os.pwrite(fd, view[done:], done)
+            got = _libc.mmap(ctypes.c_void_p(self._address), ctypes.c_size_t(self.byte_size),
+                             mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | _MAP_FIXED, fd,
+                             ctypes.c_long(0))
+            if got != self._address:
+                raise OSError(ctypes.get_errno(), "mmap(MAP_FIXED) of the new shm object failed")
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        os.close(fd)
+        self.unlink()  # the old name, if it is still there
+        self.name = name
+        self._path = path
 
     def close(self):
         """Unmaps the object and unlinks its name if it is still there (unregister it from

@@ -16,11 +16,15 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 
 
 class Server:
-    def __init__(self, tmp: pathlib.Path, *flags, backend=None):
+    def __init__(self, tmp: pathlib.Path, *flags, backend=None, unix_socket=False):
         binary = os.environ.get("SAMPLERD_BIN", str(REPO / "bazel-bin" / "server" / "samplerd"))
         if not os.path.exists(binary):
             raise RuntimeError(f"{binary} not found: build //server:samplerd first")
         port_file = tmp / "port"
+        if port_file.exists():
+            port_file.unlink()  # a restart in the same dir must not read the last run's port
+        if unix_socket:  # the same target across restarts, as a pod's sidecar socket is
+            flags = (*flags, f"--unix_socket={tmp / 'samplerd.sock'}")
         self.log = open(tmp / "samplerd.log", "w+")
         backend = backend or os.environ.get("SAMPLERD_TEST_BACKEND", "cpu")
         self.proc = subprocess.Popen(
@@ -33,7 +37,7 @@ class Server:
                 raise RuntimeError(f"samplerd did not start: {self.log.read()[-2000:]}")
             time.sleep(0.02)
         self.port = int(port_file.read_text().split()[0])
-        self.target = f"127.0.0.1:{self.port}"
+        self.target = f"unix:{tmp / 'samplerd.sock'}" if unix_socket else f"127.0.0.1:{self.port}"
 
     def stop(self):
         self.proc.terminate()
