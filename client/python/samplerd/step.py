@@ -211,7 +211,7 @@ class CudaLogits:
         tensor.dtype = _TORCH_DTYPES[str(view.dtype)]
         tensor.rows, tensor.cols = view.shape
         tensor.row_stride = view.stride(0)
-        tensor.buffer.name = self.region.buffer_name
+        tensor.buffer.name = self.region.name
         tensor.buffer.byte_offset = self.region.byte_offset_of(view)
         if self.ready_event:
             tensor.ready_event = self.ready_event
