@@ -10,19 +10,20 @@
 #      (--config=asan; skip with SAMPLERD_SKIP_ASAN=1);
 #   4. a short libFuzzer run of each fuzz target (scripts/fuzz.sh all 30; skip with
 #      SAMPLERD_SKIP_FUZZ=1).
-# Ends with "N passed, N failed" (test cases, from the test XML of each target; a target that
+# Ends with "N passed, N failed, N skipped" (test cases, from the test XML of each target; a target that
 # fails to build or run counts as one failure; each fuzz target counts as one) and exits
 # non-zero when anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh || exit 1
 passed=0
+skipped_cases=0
 failed=0
 skipped_suites=()
 
 # Adds one `bazel test` run's test cases to the totals. $1: the run's log; $2: its testlogs.
 count_results() {
-  local log=$1 testlogs=$2 target status xml tests fails errors bad
+  local log=$1 testlogs=$2 target status xml tests fails errors bad skips
   while read -r target status; do
     xml="$testlogs/${target#//}"
     xml="${xml/://}/test.xml"
@@ -30,10 +31,13 @@ count_results() {
       tests=$(grep -o '<testsuites [^>]*' "$xml" | grep -o ' tests="[0-9]*"' | grep -o '[0-9]*' | head -1)
       fails=$(grep -o '<testsuites [^>]*' "$xml" | grep -o ' failures="[0-9]*"' | grep -o '[0-9]*' | head -1)
       errors=$(grep -o '<testsuites [^>]*' "$xml" | grep -o ' errors="[0-9]*"' | grep -o '[0-9]*' | head -1)
-      tests=${tests:-0}; fails=${fails:-0}; errors=${errors:-0}
+      # A GTEST_SKIP is a test case that did not run: counted as skipped, never as passed.
+      skips=$(grep -c 'result="skipped"' "$xml")
+      tests=${tests:-0}; fails=${fails:-0}; errors=${errors:-0}; skips=${skips:-0}
       bad=$((fails + errors))
       if [[ $status == FAILED && $bad -eq 0 ]]; then bad=1; fi
-      passed=$((passed + tests - fails - errors))
+      passed=$((passed + tests - fails - errors - skips))
+      skipped_cases=$((skipped_cases + skips))
       failed=$((failed + bad))
     else
       failed=$((failed + 1))
@@ -85,6 +89,7 @@ py_suite() {
   skipped=$(grep -o '<testsuite [^>]*' "$xml" | grep -o ' skipped="[0-9]*"' | grep -o '[0-9]*' | head -1)
   tests=${tests:-0}; fails=${fails:-0}; errors=${errors:-0}; skipped=${skipped:-0}
   passed=$((passed + tests - fails - errors - skipped))
+  skipped_cases=$((skipped_cases + skipped))
   failed=$((failed + fails + errors))
   if [[ $rc -ne 0 && $((fails + errors)) -eq 0 ]]; then failed=$((failed + 1)); fi
   rm -f "$xml"
@@ -128,5 +133,5 @@ if [[ $rc -ne 0 && $failed -eq 0 ]]; then failed=1; fi
 if (( ${#skipped_suites[@]} > 0 )); then
   echo "not run (PyPI unreachable): ${skipped_suites[*]}"
 fi
-echo "$passed passed, $failed failed"
+echo "$passed passed, $failed failed, $skipped_cases skipped"
 exit "$rc"
