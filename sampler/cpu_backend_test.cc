@@ -96,6 +96,39 @@ TEST(CpuBackend, PrefillDrawsFromTheProcessedDistribution) {
   EXPECT_NEAR(out.sum_smaller_probs[0], ReferenceSumSmaller(ref, out.token_ids[0]), 1e-5);
 }
 
+// SPEC 3 step 8 removes p_x < min_p * p_max: a token equal to the bound stays. min_p = 1 keeps
+// exactly the tokens tied at the maximum (their weight is exp(0) = 1, the bound itself), on the
+// unsorted path (no top-k or top-p) and on the sorted one (top_k). Issue 27: `<` -> `<=`
+// survived every other test.
+TEST(CpuBackend, MinPKeepsATokenEqualToItsBound) {
+  auto backend = MakeBackend();
+  HostLogits logits(2, 16, 5, 1.0f);
+  for (int r = 0; r < 2; ++r) {
+    for (int t = 0; t < 16; ++t) logits.Row(r)[t] = -static_cast<float>(t % 7) - 1.0f;
+    logits.Row(r)[3] = 2.0f;  // tied at the maximum
+    logits.Row(r)[9] = 2.0f;
+  }
+  Step step = MakeStep(StepKind::kPrefill, logits, 16);
+  for (int r = 0; r < 2; ++r) {
+    RequestInputs q = PrefillRequest(r == 0 ? "unsorted" : "sorted", r, 11 + r);
+    q.params.min_p = 1.0f;
+    q.params.top_logprobs = 3;
+    if (r == 1) q.params.top_k = 8;
+    step.requests.push_back(q);
+  }
+  const StepResult result = RunStep(*backend, step);
+  for (const RequestResult& out : result.results) {
+    SCOPED_TRACE(out.request_id);
+    ASSERT_TRUE(out.status.ok()) << out.status;
+    ASSERT_EQ(out.top_logprobs.size(), 1u);
+    const TopLogprobs& top = out.top_logprobs[0];
+    EXPECT_EQ(top.token_ids, (std::vector<int32_t>{3, 9, -1}));
+    EXPECT_NEAR(top.logprobs[0], std::log(0.5), 1e-6);
+    EXPECT_NEAR(top.logprobs[1], std::log(0.5), 1e-6);
+    EXPECT_TRUE(out.token_ids[0] == 3 || out.token_ids[0] == 9);
+  }
+}
+
 TEST(CpuBackend, ServerDrawsAndEchoesSeedWhenNoneSent) {
   auto backend = MakeBackend();
   HostLogits logits(1, 50, 2);
