@@ -157,6 +157,58 @@ TEST(Statistical, PrefillTokensFollowProcessedDistribution) {
   }
 }
 
+// Largest |z| over tokens of the binomial z-statistics of `counts` (n draws) against `probs`.
+double MaxAbsZ(const std::vector<int64_t>& counts, const std::vector<double>& probs, int64_t n) {
+  double worst = 0.0;
+  for (size_t t = 0; t < counts.size(); ++t) {
+    const double p = probs[t];
+    if (p <= 0.0 || p >= 1.0) continue;
+    worst = std::max(worst, std::fabs(counts[t] - n * p) / std::sqrt(n * p * (1.0 - p)));
+  }
+  return worst;
+}
+
+// Test (issue 27: a stated minimum detectable effect): 600,000 PREFILL draws from one 8-token
+// row, one binomial z-test per token against the float64 reference, Bonferroni over the 8
+// tokens at a family-wise 1e-6 (|z| > 5.30 rejects). Power: a shift of delta in one token's
+// probability p moves its z by delta sqrt(n / (p (1 - p))); it is caught with probability
+// >= 1 - 1e-4 when that is >= 5.30 + 3.72. So the smallest detectable error is 0.58
+// percentage points at p = 0.5 and less elsewhere: 1 point on any token, and a temperature off
+// by 2% (checked here against the reference at T = 1.02), are both caught. The same counts
+// must also reject that T = 1.02 distribution.
+TEST(Statistical, OnePointOnOneTokenOrTwoPercentOnTemperatureIsDetected) {
+  constexpr int32_t kVocab = 8;
+  constexpr int64_t kDraws = 600000;
+  constexpr double kReject = 5.30, kPowerMargin = 3.72;
+  HostLogits row(1, kVocab, /*seed=*/21, /*scale=*/1.2f);
+  auto backend = Backend();
+  PrefillCase plain{"plain", {}};
+  const ReferenceRow ref = ReferenceFor(row, kVocab, plain);
+  PrefillCase warm{"T=1.02", {}};
+  warm.params.temperature = 1.02f;
+  const ReferenceRow off = ReferenceFor(row, kVocab, warm);
+  // The design detects what it claims (analytic power, before sampling).
+  double t_shift_z = 0.0;
+  for (int t = 0; t < kVocab; ++t) {
+    const double p = ref.probs[t];
+    const double se = std::sqrt(p * (1.0 - p) / kDraws);
+    if (p > 0.0 && p < 1.0) {
+      EXPECT_GE(0.01 / se, kReject + kPowerMargin) << "1 point on token " << t;
+    }
+    t_shift_z = std::max(t_shift_z, std::fabs(off.probs[t] - p) / se);
+  }
+  EXPECT_GE(t_shift_z, kReject + kPowerMargin) << "T off by 2%";
+  const std::vector<int64_t> counts =
+      PrefillCounts(*backend, row, kVocab, plain, kDraws, /*seed_base=*/5000000);
+  const double z = MaxAbsZ(counts, ref.probs, kDraws);
+  const double z_off = MaxAbsZ(counts, off.probs, kDraws);
+  std::printf("binomial z per token, n=%lld: max |z| %.2f against the reference (rejects above "
+              "%.2f), %.2f against T = 1.02 (expected %.1f)\n",
+              static_cast<long long>(kDraws), z, kReject, z_off, t_shift_z);
+  EXPECT_LT(z, kReject);
+  EXPECT_GT(z_off, kReject);
+}
+
 // Test: the randomised PIT Z = sum_smaller_probs - U * p(token) of 100,000 draws is
 // Uniform(0, 1) under a one-sample KS test; pass when p > 1e-6.
 TEST(Statistical, SumSmallerProbsIsAUniformPit) {
