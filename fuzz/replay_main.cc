@@ -13,9 +13,14 @@
 #include <vector>
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
+// Defined by targets that run steps (step_fuzzer): how many steps of the last input reached
+// the backend. A seed (a file under a "seeds" directory) must reach it, or it tests only the
+// conversion's refusals.
+extern "C" __attribute__((weak)) int SamplerdFuzzStepsSampled();
 
 int main(int argc, char** argv) {
   int replayed = 0;
+  std::vector<std::string> unreached;
   for (int a = 1; a < argc; ++a) {
     std::vector<std::string> files;
     if (DIR* dir = opendir(argv[a])) {
@@ -35,8 +40,14 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "replaying %s (%zu bytes)\n", file.c_str(), input.size());
       LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(input.data()), input.size());
       ++replayed;
+      if (SamplerdFuzzStepsSampled != nullptr && file.find("seeds/") != std::string::npos &&
+          SamplerdFuzzStepsSampled() == 0) {
+        std::fprintf(stderr, "seed %s never reaches the backend\n", file.c_str());
+        unreached.push_back(file);
+      }
     }
   }
-  std::printf("replayed %d inputs\n", replayed);
-  return replayed > 0 ? 0 : 1;
+  std::printf("replayed %d inputs, %zu seeds that never reach the backend\n", replayed,
+              unreached.size());
+  return replayed > 0 && unreached.empty() ? 0 : 1;
 }

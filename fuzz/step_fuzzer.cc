@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -71,6 +73,39 @@ Harness& GetHarness() {
   return *harness;
 }
 
+// Steps of the last input that reached the backend and came back whole (for the replay test:
+// a seed that never gets there exercises conversion only).
+int g_sampled_steps = 0;
+
+// What every answer must satisfy, whatever the input (issue 27: the fuzzer only looked for
+// crashes). A violation aborts, so libFuzzer and the replay test report it.
+void CheckInvariants(const Step& step, const v1::SampleResponse& response) {
+  auto fail = [&](const std::string& what) {
+    std::fprintf(stderr, "invariant broken: %s\n%s\n", what.c_str(),
+                 response.ShortDebugString().c_str());
+    std::abort();
+  };
+  if (response.results_size() != static_cast<int>(step.requests.size())) fail("one result per request");
+  for (int i = 0; i < response.results_size(); ++i) {
+    const v1::RequestResult& r = response.results(i);
+    const RequestInputs& q = step.requests[i];
+    if (r.request_id() != q.request_id) fail("results in request order");
+    if (r.status().code() != 0) continue;
+    if (r.token_ids().empty()) fail("an OK result carries tokens");
+    for (int32_t t : r.token_ids()) {
+      if (t < 0 || t >= step.vocab_size) fail("token ids in [0, vocab_size)");
+    }
+    if (step.kind == StepKind::kDecode) {
+      const int drafts = q.num_rows - 1;
+      if (r.num_accepted() < 0 || r.num_accepted() > drafts) fail("0 <= accepted <= drafts");
+      if (r.token_ids_size() != r.num_accepted() + 1) fail("a DECODE emits accepted + 1 tokens");
+    } else if (r.num_accepted() != 0) {
+      fail("only DECODE accepts drafts");
+    }
+    if (r.logprobs_size() != r.token_ids_size()) fail("a logprob per token");
+  }
+}
+
 bool ParseInput(const uint8_t* data, size_t size, v1::SampleRequestList* list) {
   static constexpr char kText[] = "# textproto";
   if (size >= sizeof(kText) - 1 && std::memcmp(data, kText, sizeof(kText) - 1) == 0) {
@@ -83,23 +118,36 @@ bool ParseInput(const uint8_t* data, size_t size, v1::SampleRequestList* list) {
 }  // namespace
 }  // namespace samplerd
 
+extern "C" int SamplerdFuzzStepsSampled() { return samplerd::g_sampled_steps; }
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace samplerd;
   if (size > (1 << 20)) return 0;
   v1::SampleRequestList list;
   if (!ParseInput(data, size, &list)) return 0;
   Harness& h = GetHarness();
+  g_sampled_steps = 0;
   std::vector<std::string> drafted;
   for (int i = 0; i < list.steps_size() && i < 4; ++i) {
+    // SAMPLERD_FUZZ_VERBOSE=1: say why a step stopped short of the backend (for seed authors).
+    static const bool verbose = std::getenv("SAMPLERD_FUZZ_VERBOSE") != nullptr;
     auto converted = StepFromProto(list.steps(i), &h.registry, &h.budget, h.limits);
-    if (!converted.ok()) continue;
+    if (!converted.ok()) {
+      if (verbose) std::fprintf(stderr, "step %d: %s\n", i, converted.status().ToString().c_str());
+      continue;
+    }
     (*converted)->step.pool_scope = "fuzz";
     auto plan = PlanConvertedStep(**converted, h.limits, [] { return uint64_t{42}; });
-    if (!plan.ok()) continue;
+    if (!plan.ok()) {
+      if (verbose) std::fprintf(stderr, "step %d: %s\n", i, plan.status().ToString().c_str());
+      continue;
+    }
     auto result = h.backend->Sample(*plan);
     if (!result.ok() || !(*converted)->VerifyAfterRead().ok()) continue;
     v1::SampleResponse response;
     ResultToProto(*result, &response);
+    CheckInvariants((*converted)->step, response);
+    ++g_sampled_steps;
     if ((*converted)->step.kind == StepKind::kDraft) {
       for (const auto& r : (*converted)->step.requests) drafted.push_back(r.request_id);
     }
