@@ -381,6 +381,20 @@ TEST_F(Decode, DraftStepSamplesInDraftSeedDomainAndFillsThePool) {
   ASSERT_TRUE(verified.status.ok()) << verified.status;
   EXPECT_GE(verified.token_ids.size(), 1u);
   EXPECT_EQ(backend->draft_pool().UsedBytes(), 0);
+  // What it verified against was the DRAFT step's processed distributions: the same DECODE
+  // with those sent inline (the float64 reference's, as float32) gives the same answer.
+  HostLogits q(2, kVocab);
+  for (int j = 0; j < 2; ++j) {
+    const ReferenceRow ref = TargetRow(logits_, 8 + j, kVocab, d.params);
+    for (int32_t t = 0; t < kVocab; ++t) q.Row(j)[t] = static_cast<float>(ref.logprobs[t]);
+  }
+  Step inline_decode = decode;
+  SendDense(inline_decode.requests[0], q);
+  auto fresh = MakeBackend();
+  const RequestResult by_inline = RunStep(*fresh, inline_decode).results[0];
+  ASSERT_TRUE(by_inline.status.ok()) << by_inline.status;
+  EXPECT_EQ(verified.num_accepted, by_inline.num_accepted);
+  EXPECT_EQ(verified.token_ids, by_inline.token_ids);
   const RequestResult again = RunStep(*backend, decode).results[0];
   EXPECT_EQ(again.status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(again.status.message()), HasSubstr("draft pool holds no drafts"));
