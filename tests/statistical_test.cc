@@ -209,6 +209,61 @@ TEST(Statistical, OnePointOnOneTokenOrTwoPercentOnTemperatureIsDetected) {
   EXPECT_GT(z_off, kReject);
 }
 
+// Test (issue 27, the production width): 20,000 PREFILL draws from one row of V = 129,280
+// (a copy per request), T = 1, no top-k or top-p: four tokens at logits 14, 12,
+// 10, 8 over N(0, 1) noise. Pearson chi-square on the four tokens and the rest of the vocabulary
+// as a fifth cell (df = 4) against the float64 reference; pass when p > 1e-6. Smallest
+// detectable error: one cell's probability off by 9 standard errors, 2.8 points for the top
+// token (p = 0.75); a temperature off by 2% moves it by more (checked analytically, and the
+// counts must reject the T = 1.02 distribution).
+TEST(Statistical, WideVocabularyDrawsFollowTheDistribution) {
+  constexpr int32_t kVocab = 129280;
+  constexpr int kDraws = 20000, kPerStep = 50;
+  HostLogits row(1, kVocab, /*seed=*/33, /*scale=*/1.0f);
+  const int32_t heads[] = {7, 50000, 90001, 129279};
+  const float head_logits[] = {14.0f, 12.0f, 10.0f, 8.0f};
+  for (int i = 0; i < 4; ++i) row.Row(0)[heads[i]] = head_logits[i];
+  HostLogits copies(kPerStep, kVocab);  // rows may not be shared: one copy per request
+  for (int r = 0; r < kPerStep; ++r) std::copy(row.values.begin(), row.values.end(), copies.Row(r));
+  auto backend = Backend();
+  auto cells = [&](const ReferenceRow& ref) {
+    std::vector<double> p(5, 0.0);
+    for (int i = 0; i < 4; ++i) p[i] = ref.probs[heads[i]];
+    p[4] = 1.0 - p[0] - p[1] - p[2] - p[3];
+    return p;
+  };
+  PrefillCase plain{"plain", {}};
+  PrefillCase warm{"T=1.02", {}};
+  warm.params.temperature = 1.02f;
+  const std::vector<double> want = cells(ReferenceFor(row, kVocab, plain));
+  const std::vector<double> off = cells(ReferenceFor(row, kVocab, warm));
+  const double se = std::sqrt(want[0] * (1.0 - want[0]) / kDraws);
+  EXPECT_GE(std::fabs(off[0] - want[0]) / se, 5.30 + 3.72) << "T off by 2% is not detectable";
+  std::vector<int64_t> counts(5, 0);
+  for (int done = 0; done < kDraws; done += kPerStep) {
+    Step step = MakeStep(StepKind::kPrefill, copies, kVocab);
+    for (int r = 0; r < kPerStep; ++r) {
+      RequestInputs req = PrefillRequest("r" + std::to_string(r), r, 9000000 + done + r, 17);
+      step.requests.push_back(req);
+    }
+    const StepResult result = Sample(*backend, step);
+    for (const RequestResult& out : result.results) {
+      ASSERT_TRUE(out.status.ok()) << out.status;
+      const int32_t t = out.token_ids[0];
+      const int cell = static_cast<int>(std::find(heads, heads + 4, t) - heads);
+      ++counts[cell];
+    }
+  }
+  int df = 0;
+  const double p = ChiSquarePValue(counts, want, &df);
+  const double p_off = ChiSquarePValue(counts, off);
+  std::printf("chi-square wide V=%d n=%d df=%d p=%.4g (top token %.4f, %lld drawn); against T = "
+              "1.02 p=%.3g\n", kVocab, kDraws, df, p, want[0], static_cast<long long>(counts[0]),
+              p_off);
+  EXPECT_GT(p, kPValueThreshold);
+  EXPECT_LT(p_off, kPValueThreshold);
+}
+
 // Test: the randomised PIT Z = sum_smaller_probs - U * p(token) of 100,000 draws is
 // Uniform(0, 1) under a one-sample KS test; pass when p > 1e-6.
 TEST(Statistical, SumSmallerProbsIsAUniformPit) {
