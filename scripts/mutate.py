@@ -35,7 +35,7 @@ MUTANTS = [
      "x = x - (frequency * static_cast<float>(count));", SAMPLER, 0),
     ("accept-1.1-p-over-q", "sampler/spec_rules.h",
      "return draft >= 0 && q > 0.0 && u < p / q;",
-     "return draft >= 0 && q > 0.0 && u < 1.1 * p / q;", SAMPLER, 0),
+     "return draft >= 0 && q > 0.0 && u < 1.1 * p / q;", SAMPLER + STATS, 0),
     ("residual-from-p", "sampler/row_processor.cc",
      "for (const auto& [w, t] : entries_) dense_[t] = w;",
      "for (const auto& [w, t] : entries_) dense_[t] = Probability(t);", SAMPLER, 0),
@@ -102,20 +102,26 @@ def main(argv):
         try:
             path.write_text(mutated)
             run = subprocess.run(["bazel", "test", *tests, "--test_tag_filters=-gpu",
-                                  "--build_tests_only", "--test_output=no", "--noshow_progress"],
+                                  "--build_tests_only", "--test_output=summary", "--noshow_progress"],
                                  cwd=ROOT, capture_output=True, text=True)
         finally:
             path.write_text(original)
+        out = run.stdout + run.stderr
+        failed = [line.split()[0] for line in out.splitlines()
+                  if line.startswith("//") and (" FAILED" in line or " TIMEOUT" in line)]
         if run.returncode == 0:
             print(f"SURVIVED {mid} ({file})", flush=True)
             survivors.append(mid)
+        elif failed:
+            print(f"caught   {mid} by {', '.join(failed)}", flush=True)
         else:
-            failed = [line.split()[0] for line in run.stdout.splitlines()
-                      if " FAILED" in line or "FAILED TO BUILD" in line or "TIMEOUT" in line]
-            print(f"caught   {mid} by {', '.join(failed) or 'the build'}", flush=True)
+            # A mutant that does not build (or a Bazel error) says nothing about the tests.
+            tail = " | ".join(out.strip().splitlines()[-3:])
+            print(f"NOBUILD  {mid}: {tail}", flush=True)
+            stale.append(mid)
     print(f"{len(chosen) - len(survivors) - len(stale)} caught, {len(survivors)} survived"
           + (f" ({', '.join(survivors)})" if survivors else "")
-          + (f", {len(stale)} stale ({', '.join(stale)})" if stale else ""))
+          + (f", {len(stale)} stale or not building ({', '.join(stale)})" if stale else ""))
     return len(survivors) + len(stale)
 
 
