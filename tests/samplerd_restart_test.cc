@@ -196,15 +196,17 @@ TEST(SamplerdRestart, DecodeLoopSurvivesRestartsWithoutCodeOfItsOwn) {
   {
     g_phase = "rollout";
     server.Signal(SIGTERM);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    std::vector<v1::SampleRequest> inline_copies(kSlots);
-    for (int i = 0; i < kSlots; ++i) {
-      ASSERT_TRUE((*stream)->Send(MakeStep(110 + i, **shm, &inline_copies[i])).ok());
-    }
+    // The new samplerd starts as soon as the old one has exited, whatever the worker is doing
+    // (a Send may find the old one gone and wait for the next).
     std::thread rollout([&server] {
       EXPECT_EQ(server.Wait(), 0);
       EXPECT_TRUE(server.Start().ok());
     });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::vector<v1::SampleRequest> inline_copies(kSlots);
+    for (int i = 0; i < kSlots; ++i) {
+      EXPECT_TRUE((*stream)->Send(MakeStep(110 + i, **shm, &inline_copies[i])).ok());
+    }
     for (int i = 0; i < kSlots; ++i) {
       absl::StatusOr<v1::SampleResponse> response = (*stream)->Receive();
       EXPECT_TRUE(response.ok()) << response.status();
