@@ -7,7 +7,8 @@
 #include "google/protobuf/util/json_util.h"
 #include "samplerd/v1/sampler.pb.h"
 #include "sampler/cpu_backend.h"
-#include "server/proto_convert.h"
+#include "pipeline/proto_convert.h"
+#include "pipeline/step_pipeline.h"
 
 namespace samplerd {
 absl::StatusOr<v1::SampleRequestList> ParseStepsJson(const std::string& json, bool* single) {
@@ -43,26 +44,26 @@ absl::StatusOr<std::string> RunLocalJson(const std::string& json, const RunLocal
   if (!backend.ok()) return backend.status();
   Limits limits;
   limits.max_top_logprobs = options.max_top_logprobs;
-  const SeedSource seeds = RandomSeedSource();
+  StepEnvironment env;  // inline logits only; the draft pool's scope is ""
+  env.limits = limits;
+  env.seeds = RandomSeedSource();
 
   v1::SampleResponseList responses;
   for (int i = 0; i < steps->steps_size(); ++i) {
     const auto start = std::chrono::steady_clock::now();
     const std::string where = single ? "" : absl::StrCat("steps[", i, "]: ");
-    auto converted =
-        StepFromProto(steps->steps(i), /*resolver=*/nullptr, /*budget=*/nullptr, limits);
-    if (!converted.ok()) {
-      return absl::Status(converted.status().code(),
-                          absl::StrCat(where, converted.status().message()));
+    // Timing: compute is the backend's Sample, as the service reports it.
+    struct Timer final : StepObserver {
+      std::chrono::steady_clock::time_point computed, done;
+      void BeforeSample() override { computed = std::chrono::steady_clock::now(); }
+      void AfterSample() override { done = std::chrono::steady_clock::now(); }
+    } timer;
+    auto result = RunStep(steps->steps(i), **backend, env, &timer);
+    if (!result.ok()) {
+      return absl::Status(result.status().code(), absl::StrCat(where, result.status().message()));
     }
-    auto plan = PlanConvertedStep(**converted, limits, seeds);
-    if (!plan.ok()) {
-      return absl::Status(plan.status().code(), absl::StrCat(where, plan.status().message()));
-    }
-    const auto computed = std::chrono::steady_clock::now();
-    auto result = (*backend)->Sample(*plan);
-    if (!result.ok()) return result.status();
-    const auto done = std::chrono::steady_clock::now();
+    const auto computed = timer.computed;
+    const auto done = timer.done;
     v1::SampleResponse* response = responses.add_steps();
     ResultToProto(*result, response);
     auto us = [](auto d) { return std::chrono::duration_cast<std::chrono::microseconds>(d).count(); };

@@ -1,7 +1,7 @@
 // Fuzz target: a list of SampleRequests through the server's whole step path, without gRPC:
-// StepFromProto (against a real BufferRegistry holding one registered shm region, so slices,
-// extents and shm reads are exercised), PlanStep, the CPU backend (its draft pool carried from
-// step to step within one input) and ResultToProto. Limits are small so that each input runs
+// RunStep, the pipeline samplerd runs (against a real BufferRegistry holding one registered shm
+// region, so slices, extents and shm reads are exercised; the CPU backend's draft pool carried
+// from step to step within one input), and ResultToProto. Limits are small so that each input runs
 // in milliseconds. Inputs are serialized SampleRequestLists; seeds may be text format (first
 // line "# textproto"). The custom mutator is structure-aware (fuzz/proto_mutator.h).
 //
@@ -25,7 +25,8 @@
 #include "sampler/cpu_backend.h"
 #include "sampler/memory_budget.h"
 #include "server/buffer_registry.h"
-#include "server/proto_convert.h"
+#include "pipeline/proto_convert.h"
+#include "pipeline/step_pipeline.h"
 
 namespace samplerd {
 namespace {
@@ -128,28 +129,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Harness& h = GetHarness();
   g_sampled_steps = 0;
   std::vector<std::string> drafted;
+  // The step as converted, for the invariants and the pool's cleanup.
+  struct Seen final : StepObserver {
+    Step step;
+    void Planned(const ConvertedStep& converted, const StepPlan&) override { step = converted.step; }
+  };
+  StepEnvironment env;
+  env.resolver = &h.registry;
+  env.budget = &h.budget;
+  env.limits = h.limits;
+  env.seeds = [] { return uint64_t{42}; };
+  env.pool_scope = "fuzz";
+  // SAMPLERD_FUZZ_VERBOSE=1: say why a step stopped short of an answer (for seed authors).
+  static const bool verbose = std::getenv("SAMPLERD_FUZZ_VERBOSE") != nullptr;
   for (int i = 0; i < list.steps_size() && i < 4; ++i) {
-    // SAMPLERD_FUZZ_VERBOSE=1: say why a step stopped short of the backend (for seed authors).
-    static const bool verbose = std::getenv("SAMPLERD_FUZZ_VERBOSE") != nullptr;
-    auto converted = StepFromProto(list.steps(i), &h.registry, &h.budget, h.limits);
-    if (!converted.ok()) {
-      if (verbose) std::fprintf(stderr, "step %d: %s\n", i, converted.status().ToString().c_str());
+    Seen seen;
+    auto result = RunStep(list.steps(i), *h.backend, env, &seen);
+    if (!result.ok()) {
+      if (verbose) std::fprintf(stderr, "step %d: %s\n", i, result.status().ToString().c_str());
       continue;
     }
-    (*converted)->step.pool_scope = "fuzz";
-    auto plan = PlanConvertedStep(**converted, h.limits, [] { return uint64_t{42}; });
-    if (!plan.ok()) {
-      if (verbose) std::fprintf(stderr, "step %d: %s\n", i, plan.status().ToString().c_str());
-      continue;
-    }
-    auto result = h.backend->Sample(*plan);
-    if (!result.ok() || !(*converted)->VerifyAfterRead().ok()) continue;
     v1::SampleResponse response;
     ResultToProto(*result, &response);
-    CheckInvariants((*converted)->step, response);
+    CheckInvariants(seen.step, response);
     ++g_sampled_steps;
-    if ((*converted)->step.kind == StepKind::kDraft) {
-      for (const auto& r : (*converted)->step.requests) drafted.push_back(r.request_id);
+    if (seen.step.kind == StepKind::kDraft) {
+      for (const auto& r : seen.step.requests) drafted.push_back(r.request_id);
     }
   }
   // Inputs are independent: nothing stays in the pool.

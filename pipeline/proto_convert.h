@@ -3,13 +3,14 @@
 // bytes (inline sources) or into storage a LogitsSourceResolver leases (registered buffers,
 // CUDA IPC, NCCL); a StepResult becomes a SampleResponse.
 //
+// Callers run a step with pipeline/step_pipeline.h (RunStep), which strings these together.
+//
 //   ASSIGN_OR_RETURN(std::unique_ptr<ConvertedStep> converted,
 //                    StepFromProto(request, /*resolver=*/nullptr));
 //   ASSIGN_OR_RETURN(StepPlan plan, PlanConvertedStep(*converted, limits, seeds));
-//   ASSIGN_OR_RETURN(StepResult result, backend.Sample(plan));
 //   ResultToProto(result, &response);
-#ifndef SAMPLERD_SERVER_PROTO_CONVERT_H_
-#define SAMPLERD_SERVER_PROTO_CONVERT_H_
+#ifndef SAMPLERD_PIPELINE_PROTO_CONVERT_H_
+#define SAMPLERD_PIPELINE_PROTO_CONVERT_H_
 
 #include <functional>
 #include <memory>
@@ -96,4 +97,4 @@ void ResultToProto(const StepResult& result, v1::SampleResponse* response);
 
 }  // namespace samplerd
 
-#endif  // SAMPLERD_SERVER_PROTO_CONVERT_H_
+#endif  // SAMPLERD_PIPELINE_PROTO_CONVERT_H_

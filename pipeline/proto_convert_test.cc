@@ -1,4 +1,4 @@
-#include "server/proto_convert.h"
+#include "pipeline/proto_convert.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

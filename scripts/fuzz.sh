@@ -4,7 +4,7 @@
 #   bash scripts/fuzz.sh step 600          # one target for 600 s
 #   bash scripts/fuzz.sh all 60            # every target, 60 s each (CI runs this with 30)
 #
-# Targets: step (SampleRequestList -> StepFromProto -> PlanStep -> CPU backend, against a
+# Targets: step (SampleRequestList -> RunStep (convert, plan, CPU backend, verify), against a
 # registered shm region; structure-aware mutator) and run_local (the JSON of samplerctl
 # run-local). Each starts from its checked-in seeds (fuzz/seeds/TARGET) and every crash ever
 # found (fuzz/regressions/TARGET); a new crash is written to fuzz/regressions/TARGET/ (commit
@@ -40,8 +40,10 @@ libs=(-lprotobuf -labsl_statusor -labsl_status -labsl_cord -labsl_cordz_info
       -labsl_strings_internal -labsl_int128 -labsl_hash -labsl_city -labsl_low_level_hash
       -labsl_raw_hash_set -labsl_hashtablez_sampler -labsl_throw_delegate -labsl_base
       -labsl_spinlock_wait -labsl_raw_logging_internal -labsl_log_severity -lpthread)
-# The code under test: the core, the server's conversion and registry, run-local.
-sources=("$out/gen/samplerd/v1/sampler.pb.cc" server/proto_convert.cc server/buffer_registry.cc
+# The code under test: the core, the step pipeline and conversion, the server's registry,
+# run-local.
+sources=("$out/gen/samplerd/v1/sampler.pb.cc" pipeline/proto_convert.cc pipeline/step_pipeline.cc
+         server/buffer_registry.cc
          server/shm_region.cc server/cuda_ipc_handle.cc client/run_local.cc
          fuzz/proto_mutator.cc)
 for f in sampler/*.cc; do

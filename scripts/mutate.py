@@ -22,7 +22,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SAMPLER = ["//sampler:all"]
 STATS = ["//tests:statistical_test"]
-PIPELINE = ["//server:all", "//tests:server_e2e_test", "//tests:run_local_reference_test"]
+PIPELINE = ["//pipeline:all", "//server:all", "//tests:server_e2e_test", "//tests:run_local_reference_test"]
 
 # id, file, old, new, tests, nth (0: the first occurrence)
 MUTANTS = [
@@ -81,10 +81,10 @@ MUTANTS = [
      "uint32_t word = static_cast<uint32_t>(bits) << 16;",
      "uint32_t word = static_cast<uint32_t>(bits) << 15;", SAMPLER, 0),
     # The pipeline (conversion to and from the wire).
-    ("row-stride-default-ignored", "server/proto_convert.cc",
+    ("row-stride-default-ignored", "pipeline/proto_convert.cc",
      "layout.row_stride = tensor.row_stride() == 0 ? tensor.cols() : tensor.row_stride();",
      "layout.row_stride = tensor.cols();", PIPELINE, 0),
-    ("sum-smaller-not-sent", "server/proto_convert.cc",
+    ("sum-smaller-not-sent", "pipeline/proto_convert.cc",
      "out->mutable_sum_smaller_probs()->Add(r.sum_smaller_probs.begin(), r.sum_smaller_probs.end());",
      "// mutant: sum_smaller_probs dropped", PIPELINE, 0),
     ("min-p-cut-ge-to-gt", "sampler/row_processor.cc",

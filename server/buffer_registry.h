@@ -20,7 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "samplerd/v1/sampler.pb.h"
 #include "server/device_memory.h"
-#include "server/proto_convert.h"
+#include "pipeline/proto_convert.h"
 #include "server/shm_region.h"
 
 namespace samplerd {

@@ -9,7 +9,8 @@
 #include "sampler/extent.h"
 #include "sampler/group_packet.h"
 #include "server/grpc_status_util.h"
-#include "server/proto_convert.h"
+#include "pipeline/proto_convert.h"
+#include "pipeline/step_pipeline.h"
 
 namespace samplerd {
 namespace {
@@ -282,42 +283,47 @@ absl::StatusOr<StepResult> SamplerService::ComputeStep(const v1::SampleRequest& 
     Metrics& metrics;
     ~InFlight() { metrics.AddInFlight(-1); }
   } in_flight{metrics_};
-  auto converted =
-      StepFromProto(request, &resolver, options_.request_memory, options_.limits);
-  if (!converted.ok()) return converted.status();
-  (*converted)->step.pool_scope = pool_scope;
-  stats->kind = (*converted)->step.kind;
-  auto plan = PlanConvertedStep(**converted, options_.limits, seed_source_);
-  if (!plan.ok()) return plan.status();
-  for (size_t i = 0; i < plan->requests.size(); ++i) {
-    if (!plan->requests[i].status.ok()) continue;
-    stats->rows += static_cast<int64_t>(plan->requests[i].sampled_rows.size() +
-                                        (*converted)->step.requests[i].prompt_targets.size());
-  }
-  stats->prepared = Clock::now();
-  absl::StatusOr<StepResult> result;
-  {
-    const int slots = std::max(1, backend_.max_concurrent_steps());
-    absl::MutexLock lock(&backend_mu_);
-    auto slot_free = [this, slots]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(backend_mu_) {
-      return backend_busy_ < slots;
-    };
-    backend_mu_.Await(absl::Condition(&slot_free));
-    ++backend_busy_;
-  }
-  stats->computed = Clock::now();
-  result = backend_.Sample(*plan);
-  stats->done = Clock::now();
-  {
-    absl::MutexLock lock(&backend_mu_);
-    --backend_busy_;
-  }
+  // The stats, and the wait for one of the backend's slots, between the pipeline's stages.
+  class Observer final : public StepObserver {
+   public:
+    Observer(SamplerService& service, StepStats& stats) : service_(service), stats_(stats) {}
+    void Planned(const ConvertedStep& converted, const StepPlan& plan) override {
+      stats_.kind = converted.step.kind;
+      for (size_t i = 0; i < plan.requests.size(); ++i) {
+        if (!plan.requests[i].status.ok()) continue;
+        stats_.rows += static_cast<int64_t>(plan.requests[i].sampled_rows.size() +
+                                            converted.step.requests[i].prompt_targets.size());
+      }
+      stats_.prepared = Clock::now();
+    }
+    void BeforeSample() override {
+      const int slots = std::max(1, service_.backend_.max_concurrent_steps());
+      absl::MutexLock lock(&service_.backend_mu_);
+      auto slot_free = [this, slots]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(service_.backend_mu_) {
+        return service_.backend_busy_ < slots;
+      };
+      service_.backend_mu_.Await(absl::Condition(&slot_free));
+      ++service_.backend_busy_;
+      stats_.computed = Clock::now();
+    }
+    void AfterSample() override {
+      stats_.done = Clock::now();
+      absl::MutexLock lock(&service_.backend_mu_);
+      --service_.backend_busy_;
+    }
+
+   private:
+    SamplerService& service_;
+    StepStats& stats_;
+  } observer(*this, *stats);
+  StepEnvironment env;
+  env.resolver = &resolver;
+  env.budget = options_.request_memory;
+  env.limits = options_.limits;
+  env.seeds = seed_source_;
+  env.pool_scope = pool_scope;
+  absl::StatusOr<StepResult> result = samplerd::RunStep(request, backend_, env, &observer);
   if (result.ok()) stats->kernel_us = result->kernel_us;
-  // A registered shm object truncated while the backend read it: its answers rest on zero
-  // pages, so the step fails (the SIGBUS handler kept the server alive).
-  if (result.ok()) {
-    if (absl::Status intact = (*converted)->VerifyAfterRead(); !intact.ok()) return intact;
-  }
   return result;
 }
 

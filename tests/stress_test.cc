@@ -30,7 +30,8 @@
 #include "client/sampler_client.h"
 #include "sampler/backend_compare.h"
 #include "sampler/cpu_backend.h"
-#include "server/proto_convert.h"
+#include "pipeline/proto_convert.h"
+#include "pipeline/step_pipeline.h"
 #include "tests/server_process.h"
 #include "tests/stress_steps.h"
 
@@ -127,16 +128,12 @@ void RunClient(int thread, const std::string& target, Counts& counts, CompareTal
                                std::to_string(s) + " step " + std::to_string(k) + " (" +
                                scenario.what + ")";
       SCOPED_TRACE(what);
-      // The reference: the same conversion, planning and CPU backend, in this process.
-      absl::StatusOr<StepResult> want = absl::UnknownError("not run");
-      auto converted = StepFromProto(request, nullptr, nullptr, Limits{});
-      if (!converted.ok()) {
-        want = converted.status();
-      } else {
-        (*converted)->step.pool_scope = "reference";
-        auto plan = PlanConvertedStep(**converted, Limits{}, [] { return uint64_t{0}; });
-        want = plan.ok() ? (*reference)->Sample(*plan) : absl::StatusOr<StepResult>(plan.status());
-      }
+      // The reference: the same pipeline and the CPU backend, in this process.
+      StepEnvironment env;
+      env.seeds = [] { return uint64_t{0}; };
+      env.pool_scope = "reference";
+      std::unique_ptr<ConvertedStep> converted;
+      absl::StatusOr<StepResult> want = RunStep(request, **reference, env, nullptr, &converted);
       // The server's answer; a step failed as a whole comes back as the call's status (unary)
       // or in `error` (stream).
       absl::StatusOr<v1::SampleResponse> got =
@@ -175,7 +172,7 @@ void RunClient(int thread, const std::string& target, Counts& counts, CompareTal
             << expected.DebugString().substr(0, 4000);
       } else {
         std::lock_guard<std::mutex> lock(tally_mu);
-        CompareWithCpu(*want, ResultFromProto(*got), tally, what, (*converted)->step);
+        CompareWithCpu(*want, ResultFromProto(*got), tally, what, converted->step);
       }
     }
     // Entries a failed pooled request left behind: released on both sides, so the pool's
