@@ -12,7 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "server/group_transport.h"
+#include "sampler/group_transport.h"
 
 namespace samplerd {
 

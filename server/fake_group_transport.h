@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "server/group_transport.h"
+#include "sampler/group_transport.h"
 
 namespace samplerd {
 

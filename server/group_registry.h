@@ -38,7 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/group_transport.h"
+#include "sampler/group_transport.h"
 
 namespace samplerd {
 

@@ -5,8 +5,8 @@
 //
 // Every call is non-blocking: operations are started, then polled. Calls on one GroupComm are
 // serialised by its owner, except Abort, which may come from the watchdog at any time.
-#ifndef SAMPLERD_SERVER_GROUP_TRANSPORT_H_
-#define SAMPLERD_SERVER_GROUP_TRANSPORT_H_
+#ifndef SAMPLERD_SAMPLER_GROUP_TRANSPORT_H_
+#define SAMPLERD_SAMPLER_GROUP_TRANSPORT_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -66,4 +66,4 @@ class GroupTransport {
 
 }  // namespace samplerd
 
-#endif  // SAMPLERD_SERVER_GROUP_TRANSPORT_H_
+#endif  // SAMPLERD_SAMPLER_GROUP_TRANSPORT_H_

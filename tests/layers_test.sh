@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Issue 28: the layering, checked. Bazel refuses a dependency on a target its package's
+# visibility (//:*_users, see the root BUILD.bazel) does not admit; this test checks what the
+# visibility lists cannot: that every package keeps a layer's default (only proto/ and
+# third_party/ are public), that no code of a lower layer includes a higher one, and that the
+# client library includes nothing of samplerd's own but proto/ and client/shm_buffer.
+set -uo pipefail
+fail=0
+bad() { echo "LAYERS: $*"; fail=1; }
+for pkg in sampler pipeline cuda server client; do
+  grep -q 'default_visibility = \["//:'"$pkg"'_users"\]' "$pkg/BUILD.bazel" ||
+    bad "$pkg/BUILD.bazel does not default to //:${pkg}_users"
+done
+for pkg in bench fuzz tests; do
+  grep -q 'default_visibility' "$pkg/BUILD.bazel" && bad "$pkg/BUILD.bazel sets a default visibility"
+done
+# Who may include whom (tests of a package may reach higher: *_test.cc are skipped).
+check() {  # check DIR PATTERN: no non-test source under DIR includes PATTERN
+  local hits
+  hits=$(grep -RlE "#include \"($2)/" "$1" --include='*.h' --include='*.cc' --include='*.cuh' --include='*.cu' |
+         grep -v '_test\.cc$' || true)
+  [[ -z $hits ]] || bad "$1 includes $2: $hits"
+}
+check sampler 'pipeline|cuda|server|client'
+check pipeline 'cuda|server|client'
+check cuda 'pipeline|server|client'
+check server 'client'
+for f in client/sampler_client.h client/sampler_client.cc client/shm_buffer.h client/shm_buffer.cc; do
+  own=$(grep -oE '#include "[a-z_]+/' "$f" | grep -vE '"(absl|grpc|grpcpp|google|samplerd|client)/' || true)
+  [[ -z $own ]] || bad "$f includes samplerd code outside the client library: $own"
+done
+(( fail == 0 )) && echo "layers: every rule holds"
+exit $fail
