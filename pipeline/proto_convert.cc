@@ -18,10 +18,6 @@ struct ConvertContext {
 // Sharded logits are concatenated into one tensor of at most this many columns.
 constexpr int64_t kMaxShardedCols = int64_t{1} << 30;
 
-absl::Status Invalid(const std::string& field, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
-}
-
 absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, const std::string& field) {
   switch (dtype) {
     case v1::FLOAT32:
@@ -31,7 +27,7 @@ absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, const std::string& field) 
     case v1::FLOAT16:
       return DType::kFloat16;
     default:
-      return Invalid(field + ".dtype", "required: FLOAT32, BFLOAT16 or FLOAT16");
+      return FieldError(field + ".dtype", "required: FLOAT32, BFLOAT16 or FLOAT16");
   }
 }
 
@@ -41,7 +37,7 @@ absl::StatusOr<TensorLayout> TensorLayoutOf(const v1::Tensor& tensor, const std:
   TensorLayout layout;
   if (tensor.source_case() == v1::Tensor::kValues) {
     if (tensor.dtype() != v1::DTYPE_UNSPECIFIED && tensor.dtype() != v1::FLOAT32) {
-      return Invalid(field + ".dtype", "`values` are float32: dtype must be FLOAT32 or unset");
+      return FieldError(field + ".dtype", "`values` are float32: dtype must be FLOAT32 or unset");
     }
     layout.dtype = DType::kFloat32;
   } else if (tensor.source_case() != v1::Tensor::SOURCE_NOT_SET) {
@@ -74,7 +70,7 @@ absl::StatusOr<LogitsView> SingleTensorView(const v1::Tensor& tensor, const std:
   switch (tensor.source_case()) {
     case v1::Tensor::kData:
       if (static_cast<int64_t>(tensor.data().size()) < extent) {
-        return Invalid(field + ".data",
+        return FieldError(field + ".data",
                        absl::StrCat(tensor.data().size(), " bytes; [", view.rows, ", ", view.cols,
                                     "] ", DTypeName(view.dtype), " with row_stride ",
                                     view.row_stride, " needs ", extent));
@@ -83,7 +79,7 @@ absl::StatusOr<LogitsView> SingleTensorView(const v1::Tensor& tensor, const std:
       return view;
     case v1::Tensor::kValues:
       if (static_cast<int64_t>(tensor.values().values_size()) * 4 < extent) {
-        return Invalid(field + ".values",
+        return FieldError(field + ".values",
                        absl::StrCat(tensor.values().values_size(), " values; [", view.rows, ", ",
                                     view.cols, "] with row_stride ", view.row_stride, " needs ",
                                     extent / 4));
@@ -120,7 +116,7 @@ absl::StatusOr<LogitsView> SingleTensorView(const v1::Tensor& tensor, const std:
     case v1::Tensor::SOURCE_NOT_SET:
       break;
   }
-  return Invalid(field, "has no source: set data, values, buffer, cuda_ipc, nccl or shards");
+  return FieldError(field, "has no source: set data, values, buffer, cuda_ipc, nccl or shards");
 }
 
 // The server's row and column limits on a tensor as the request declares it (the shards'
@@ -156,13 +152,13 @@ absl::StatusOr<LogitsView> TensorView(const v1::Tensor& tensor, const std::strin
   if (auto status = CheckDeclaredShape(tensor, field, ctx.limits); !status.ok()) return status;
   if (tensor.shards_size() == 0) return SingleTensorView(tensor, field, holder, ctx);
   if (tensor.source_case() != v1::Tensor::SOURCE_NOT_SET) {
-    return Invalid(field, "set either shards or a source, not both");
+    return FieldError(field, "set either shards or a source, not both");
   }
   std::vector<LogitsView> shards;
   int64_t cols = 0;
   for (int s = 0; s < tensor.shards_size(); ++s) {
     const std::string shard_field = absl::StrCat(field, ".shards[", s, "]");
-    if (tensor.shards(s).shards_size() > 0) return Invalid(shard_field, "shards do not nest");
+    if (tensor.shards(s).shards_size() > 0) return FieldError(shard_field, "shards do not nest");
     auto view = SingleTensorView(tensor.shards(s), shard_field, holder, ctx);
     if (!view.ok()) return view.status();
     if (view->on_device) {
@@ -170,11 +166,11 @@ absl::StatusOr<LogitsView> TensorView(const v1::Tensor& tensor, const std::strin
           absl::StrCat(shard_field, ": device-memory shards are not supported yet"));
     }
     if (!shards.empty() && (view->rows != shards[0].rows || view->dtype != shards[0].dtype)) {
-      return Invalid(shard_field, "every shard must have the same rows and dtype as shards[0]");
+      return FieldError(shard_field, "every shard must have the same rows and dtype as shards[0]");
     }
     cols += view->cols;  // at most 2^31 shards of < 2^31 columns: no overflow
     if (cols > kMaxShardedCols) {
-      return Invalid(field + ".shards",
+      return FieldError(field + ".shards",
                      absl::StrCat("the shards' columns add up to more than ", kMaxShardedCols));
     }
     shards.push_back(*view);
@@ -255,7 +251,7 @@ absl::Status RequestFromProto(const v1::RequestInputs& in, const std::string& fi
   out.prompt_first_row = in.prompt_first_row();
   out.prompt_targets = ToVector(in.prompt_targets());
   if (in.has_draft_logprobs() && in.has_draft_topn()) {
-    return Invalid(field, "set draft_logprobs or draft_topn, not both");
+    return FieldError(field, "set draft_logprobs or draft_topn, not both");
   }
   if (in.has_draft_logprobs()) {
     auto view = TensorView(in.draft_logprobs(), field + ".draft_logprobs", holder, ctx);
@@ -298,12 +294,12 @@ absl::StatusOr<std::unique_ptr<ConvertedStep>> StepFromProto(const v1::SampleReq
       step.kind = StepKind::kDraft;
       break;
     default:
-      return Invalid("inputs.kind", "required: PREFILL, DECODE or DRAFT");
+      return FieldError("inputs.kind", "required: PREFILL, DECODE or DRAFT");
   }
   step.vocab_size = inputs.vocab_size();
   step.force_top_n = inputs.force_top_n();
   step.compute_sum_smaller_probs = inputs.compute_sum_smaller_probs();
-  if (!request.has_logits()) return Invalid("logits", "required");
+  if (!request.has_logits()) return FieldError("logits", "required");
   auto logits = TensorView(request.logits(), "logits", *converted, ctx);
   if (!logits.ok()) return logits.status();
   step.logits = *logits;

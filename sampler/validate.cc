@@ -58,11 +58,11 @@ absl::Status CheckDraftRow(const float* values, int32_t n, int32_t row, const st
   return absl::OkStatus();
 }
 
-namespace {
-
-absl::Status Invalid(const std::string& field, const std::string& what) {
+absl::Status FieldError(const std::string& field, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
 }
+
+namespace {
 
 // Token ids of a list must lie in [0, V) (or be -1 where `allow_none`). The field is
 // `field` + `suffix`, joined only for an error: a step checks a dozen lists a request, and
@@ -74,7 +74,7 @@ absl::Status CheckTokenIds(const std::vector<int32_t>& ids, int32_t vocab_size, 
     const int32_t id = ids[i];
     if (allow_none && id == -1) continue;
     if (id < 0 || id >= vocab_size) {
-      return Invalid(absl::StrCat(field, suffix, "[", i, "]"),
+      return FieldError(absl::StrCat(field, suffix, "[", i, "]"),
                      absl::StrCat("token id ", id, " is outside [0, vocab_size = ", vocab_size,
                                   ")", allow_none ? " and is not -1" : ""));
     }
@@ -91,38 +91,38 @@ absl::Status CheckDraftDistributions(const RequestInputs& request, int32_t vocab
   switch (dist.form) {
     case DraftDistributions::Form::kPool:
       if (request.request_id.empty()) {
-        return Invalid(field + ".request_id",
+        return FieldError(field + ".request_id",
                        "is required to verify drafts from the draft pool (it keys the pool)");
       }
       return absl::OkStatus();
     case DraftDistributions::Form::kDense: {
       const std::string f = field + ".draft_logprobs";
       if (dist.values.rows != drafts) {
-        return Invalid(f + ".rows", absl::StrCat(dist.values.rows, " rows for ", drafts,
+        return FieldError(f + ".rows", absl::StrCat(dist.values.rows, " rows for ", drafts,
                                                  " drafts (num_rows - 1)"));
       }
       if (dist.values.cols < vocab_size) {
-        return Invalid(f + ".cols", absl::StrCat(dist.values.cols, " is less than vocab_size = ",
+        return FieldError(f + ".cols", absl::StrCat(dist.values.cols, " is less than vocab_size = ",
                                                  vocab_size));
       }
       if (dist.values.row_stride < dist.values.cols) {
-        return Invalid(f + ".row_stride", "is less than cols");
+        return FieldError(f + ".row_stride", "is less than cols");
       }
-      if (dist.values.data == nullptr) return Invalid(f, "has no data");
+      if (dist.values.data == nullptr) return FieldError(f, "has no data");
       return CheckDraftTensor(dist.values, drafts, vocab_size, f);
     }
     case DraftDistributions::Form::kTopN: {
       const std::string f = field + ".draft_topn";
       const int32_t n = dist.values.cols;
       if (dist.values.rows != drafts) {
-        return Invalid(f + ".values.rows", absl::StrCat(dist.values.rows, " rows for ", drafts,
+        return FieldError(f + ".values.rows", absl::StrCat(dist.values.rows, " rows for ", drafts,
                                                         " drafts (num_rows - 1)"));
       }
-      if (n < 1) return Invalid(f + ".values.cols", absl::StrCat(n, " must be >= 1"));
-      if (dist.values.row_stride < n) return Invalid(f + ".values.row_stride", "is less than cols");
-      if (dist.values.data == nullptr) return Invalid(f + ".values", "has no data");
+      if (n < 1) return FieldError(f + ".values.cols", absl::StrCat(n, " must be >= 1"));
+      if (dist.values.row_stride < n) return FieldError(f + ".values.row_stride", "is less than cols");
+      if (dist.values.data == nullptr) return FieldError(f + ".values", "has no data");
       if (static_cast<int64_t>(dist.token_ids.size()) != static_cast<int64_t>(drafts) * n) {
-        return Invalid(f + ".token_ids", absl::StrCat("has ", dist.token_ids.size(),
+        return FieldError(f + ".token_ids", absl::StrCat("has ", dist.token_ids.size(),
                                                       " ids; [num_rows - 1, N] needs ",
                                                       static_cast<int64_t>(drafts) * n));
       }
@@ -140,8 +140,8 @@ absl::Status CheckDraftDistributions(const RequestInputs& request, int32_t vocab
 // Checks the tensor the step reads its logits from.
 absl::Status CheckLogits(const Step& step, const Limits& limits) {
   const LogitsView& logits = step.logits;
-  if (logits.rows <= 0) return Invalid("logits.rows", absl::StrCat(logits.rows, " must be >= 1"));
-  if (logits.cols <= 0) return Invalid("logits.cols", absl::StrCat(logits.cols, " must be >= 1"));
+  if (logits.rows <= 0) return FieldError("logits.rows", absl::StrCat(logits.rows, " must be >= 1"));
+  if (logits.cols <= 0) return FieldError("logits.cols", absl::StrCat(logits.cols, " must be >= 1"));
   if (logits.rows > limits.max_rows) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "logits.rows: ", logits.rows, " exceeds the server limit of ", limits.max_rows));
@@ -151,16 +151,16 @@ absl::Status CheckLogits(const Step& step, const Limits& limits) {
         "logits.cols: ", logits.cols, " exceeds the server limit of ", limits.max_vocab_size));
   }
   if (logits.row_stride < logits.cols) {
-    return Invalid("logits.row_stride",
+    return FieldError("logits.row_stride",
                    absl::StrCat(logits.row_stride, " is less than cols = ", logits.cols));
   }
-  if (logits.data == nullptr) return Invalid("logits", "has no data");
+  if (logits.data == nullptr) return FieldError("logits", "has no data");
   if (step.vocab_size <= 0 || step.vocab_size > logits.cols) {
-    return Invalid("inputs.vocab_size", absl::StrCat(step.vocab_size, " is outside [1, cols = ",
+    return FieldError("inputs.vocab_size", absl::StrCat(step.vocab_size, " is outside [1, cols = ",
                                                      logits.cols, "]"));
   }
   if (step.force_top_n < 0 || step.force_top_n > limits.max_force_top_n) {
-    return Invalid("inputs.force_top_n",
+    return FieldError("inputs.force_top_n",
                    absl::StrCat(step.force_top_n, " is outside [0, ", limits.max_force_top_n,
                                 "] (0 = off)"));
   }
@@ -180,15 +180,15 @@ class RowClaims {
   // Errors name inputs.requests[request] + `suffix` (built only for an error).
   absl::Status Claim(int32_t first, int64_t count, size_t request, absl::string_view suffix) {
     auto field = [&] { return absl::StrCat("inputs.requests[", request, "]", suffix); };
-    if (count < 0) return Invalid(field(), absl::StrCat("row count ", count, " is negative"));
+    if (count < 0) return FieldError(field(), absl::StrCat("row count ", count, " is negative"));
     if (first < 0 || first + count > rows_) {
-      return Invalid(field(), absl::StrCat("rows [", first, ", ", first + count,
+      return FieldError(field(), absl::StrCat("rows [", first, ", ", first + count,
                                            ") exceed the tensor's ", rows_, " rows"));
     }
     for (int64_t r = first; r < first + count; ++r) {
       const int32_t owner = owner_[r];
       if (owner != -1 && owner != static_cast<int32_t>(request)) {
-        return Invalid(field(), absl::StrCat("row ", r, " is also read by inputs.requests[",
+        return FieldError(field(), absl::StrCat("row ", r, " is also read by inputs.requests[",
                                              owner, "]; row ranges must not overlap"));
       }
       owner_[r] = static_cast<int32_t>(request);
@@ -217,7 +217,7 @@ absl::Status ClaimRows(const Step& step, size_t index, RowClaims& claims) {
       return absl::OkStatus();
     case StepKind::kDecode:
       if (request.num_rows < 1) {
-        return Invalid(absl::StrCat("inputs.requests[", index, "].num_rows"),
+        return FieldError(absl::StrCat("inputs.requests[", index, "].num_rows"),
                        absl::StrCat(request.num_rows, " must be >= 1"));
       }
       return claims.Claim(request.first_row, request.num_rows, index, ".first_row");
@@ -262,7 +262,7 @@ absl::Status PlanAdjustments(const SamplingParams& params, int32_t vocab_size,
   TokenAdjustments& adj = plan.adjustments;
   for (const auto& [token, bias] : params.logit_bias) {
     if (token < 0 || token >= vocab_size) {
-      return Invalid(absl::StrCat(field(), ".logit_bias[", token, "]"),
+      return FieldError(absl::StrCat(field(), ".logit_bias[", token, "]"),
                      absl::StrCat("token id ", token, " is outside [0, vocab_size = ", vocab_size,
                                   ")"));
     }
@@ -271,7 +271,7 @@ absl::Status PlanAdjustments(const SamplingParams& params, int32_t vocab_size,
   std::sort(adj.logit_bias.begin(), adj.logit_bias.end());
   for (size_t i = 1; i < adj.logit_bias.size(); ++i) {
     if (adj.logit_bias[i].first == adj.logit_bias[i - 1].first) {
-      return Invalid(absl::StrCat(field(), ".logit_bias[", adj.logit_bias[i].first, "]"),
+      return FieldError(absl::StrCat(field(), ".logit_bias[", adj.logit_bias[i].first, "]"),
                      "names the token twice");
     }
   }
@@ -342,15 +342,15 @@ absl::Status PlanRequest(const Step& step, size_t index, const Limits& limits,
       break;
     case StepKind::kDraft:
       plan.seed = plan.params.seq_seed + kDraftSeedOffset;
-      if (request.rows.empty()) return Invalid(field + ".rows", "is empty");
+      if (request.rows.empty()) return FieldError(field + ".rows", "is empty");
       if (request.draft_indices.size() != request.rows.size()) {
-        return Invalid(field + ".draft_indices",
+        return FieldError(field + ".draft_indices",
                        absl::StrCat("has ", request.draft_indices.size(), " entries for ",
                                     request.rows.size(), " rows"));
       }
       for (size_t j = 0; j < request.rows.size(); ++j) {
         if (request.draft_indices[j] < 1) {
-          return Invalid(absl::StrCat(field, ".draft_indices[", j, "]"),
+          return FieldError(absl::StrCat(field, ".draft_indices[", j, "]"),
                          absl::StrCat(request.draft_indices[j], " must be >= 1"));
         }
         SampledRow row;
@@ -366,10 +366,10 @@ absl::Status PlanRequest(const Step& step, size_t index, const Limits& limits,
   // Golden tokens: one per emitted row, possibly fewer (missing = -1); none in DRAFT steps.
   if (!request.golden_token_ids.empty()) {
     if (step.kind == StepKind::kDraft) {
-      return Invalid(field + ".golden_token_ids", "golden tokens are not allowed in a DRAFT step");
+      return FieldError(field + ".golden_token_ids", "golden tokens are not allowed in a DRAFT step");
     }
     if (request.golden_token_ids.size() > rows.size()) {
-      return Invalid(field + ".golden_token_ids",
+      return FieldError(field + ".golden_token_ids",
                      absl::StrCat("has ", request.golden_token_ids.size(),
                                   " entries for ", rows.size(), " sampled rows"));
     }
@@ -386,7 +386,7 @@ absl::Status PlanRequest(const Step& step, size_t index, const Limits& limits,
   // Grammar masks: absent, or one per sampled row, each empty or at least ceil(V / 32) words.
   if (!request.allowed_token_masks.empty()) {
     if (request.allowed_token_masks.size() != rows.size()) {
-      return Invalid(field + ".allowed_token_masks",
+      return FieldError(field + ".allowed_token_masks",
                      absl::StrCat("has ", request.allowed_token_masks.size(),
                                   " masks for ", rows.size(), " sampled rows"));
     }
@@ -395,7 +395,7 @@ absl::Status PlanRequest(const Step& step, size_t index, const Limits& limits,
       const std::string& mask = request.allowed_token_masks[j];
       if (mask.empty()) continue;
       if (mask.size() % 4 != 0 || mask.size() < min_bytes) {
-        return Invalid(absl::StrCat(field, ".allowed_token_masks[", j, "]"),
+        return FieldError(absl::StrCat(field, ".allowed_token_masks[", j, "]"),
                        absl::StrCat(mask.size(), " bytes; a mask needs at least ceil(V / 32) = ",
                                     min_bytes / 4, " whole int32 words"));
       }
@@ -421,7 +421,7 @@ absl::Status PlanRequest(const Step& step, size_t index, const Limits& limits,
   }
 
   if (step.kind == StepKind::kDraft && request.request_id.empty()) {
-    return Invalid(field + ".request_id", "is required in DRAFT steps (it keys the draft pool)");
+    return FieldError(field + ".request_id", "is required in DRAFT steps (it keys the draft pool)");
   }
   if (step.kind == StepKind::kPrefill) {
     if (auto status = CheckTokenIds(request.prompt_targets, vocab_size, false,
@@ -430,13 +430,13 @@ absl::Status PlanRequest(const Step& step, size_t index, const Limits& limits,
       return status;
     }
   } else if (!request.prompt_targets.empty()) {
-    return Invalid(field + ".prompt_targets", "prompt logprobs are for PREFILL steps only");
+    return FieldError(field + ".prompt_targets", "prompt logprobs are for PREFILL steps only");
   }
 
   if (step.kind == StepKind::kDecode) {
     const size_t drafts = static_cast<size_t>(request.num_rows) - 1;
     if (request.draft_token_ids.size() != drafts) {
-      return Invalid(field + ".draft_token_ids",
+      return FieldError(field + ".draft_token_ids",
                      absl::StrCat("has ", request.draft_token_ids.size(), " drafts; num_rows = ",
                                   request.num_rows, " needs ", drafts));
     }
@@ -449,7 +449,7 @@ absl::Status PlanRequest(const Step& step, size_t index, const Limits& limits,
       return status;
     }
   } else if (!request.draft_token_ids.empty()) {
-    return Invalid(field + ".draft_token_ids", "drafts are verified in DECODE steps only");
+    return FieldError(field + ".draft_token_ids", "drafts are verified in DECODE steps only");
   }
   return absl::OkStatus();
 }
@@ -478,52 +478,52 @@ absl::StatusOr<NormalizedParams> NormalizeParams(const SamplingParams& params,
   if (params.temperature) {
     const float t = *params.temperature;
     if (std::isnan(t) || t < 0.0f) {
-      return Invalid(field + ".temperature", absl::StrCat(t, " must be >= 0"));
+      return FieldError(field + ".temperature", absl::StrCat(t, " must be >= 0"));
     }
     out.temperature = t;
   }
   if (params.top_p) {
     const float p = *params.top_p;
-    if (!(p > 0.0f && p <= 1.0f)) return Invalid(field + ".top_p", absl::StrCat(p, " is outside (0, 1]"));
+    if (!(p > 0.0f && p <= 1.0f)) return FieldError(field + ".top_p", absl::StrCat(p, " is outside (0, 1]"));
     out.top_p = p;
   }
   if (params.top_k) {
     const int32_t k = *params.top_k;
     if (k == 0 || k < -1) {
-      return Invalid(field + ".top_k", absl::StrCat(k, " must be -1 (off) or >= 1"));
+      return FieldError(field + ".top_k", absl::StrCat(k, " must be -1 (off) or >= 1"));
     }
     out.top_k = k;
   }
   if (params.min_p) {
     const float p = *params.min_p;
-    if (!(p >= 0.0f && p <= 1.0f)) return Invalid(field + ".min_p", absl::StrCat(p, " is outside [0, 1]"));
+    if (!(p >= 0.0f && p <= 1.0f)) return FieldError(field + ".min_p", absl::StrCat(p, " is outside [0, 1]"));
     out.min_p = p;
   }
   if (params.repetition_penalty) {
     const float r = *params.repetition_penalty;
     if (!(r > 0.0f) || std::isinf(r)) {
-      return Invalid(field + ".repetition_penalty", absl::StrCat(r, " must be finite and > 0"));
+      return FieldError(field + ".repetition_penalty", absl::StrCat(r, " must be finite and > 0"));
     }
     out.repetition_penalty = r;
   }
   if (params.presence_penalty) {
     const float v = *params.presence_penalty;
     if (!(v >= -2.0f && v <= 2.0f)) {
-      return Invalid(field + ".presence_penalty", absl::StrCat(v, " is outside [-2, 2]"));
+      return FieldError(field + ".presence_penalty", absl::StrCat(v, " is outside [-2, 2]"));
     }
     out.presence_penalty = v;
   }
   if (params.frequency_penalty) {
     const float v = *params.frequency_penalty;
     if (!(v >= -2.0f && v <= 2.0f)) {
-      return Invalid(field + ".frequency_penalty", absl::StrCat(v, " is outside [-2, 2]"));
+      return FieldError(field + ".frequency_penalty", absl::StrCat(v, " is outside [-2, 2]"));
     }
     out.frequency_penalty = v;
   }
   if (params.top_logprobs) {
     const int32_t n = *params.top_logprobs;
     if (n < 0 || n > limits.max_top_logprobs) {
-      return Invalid(field + ".top_logprobs", absl::StrCat(n, " is outside [0, ",
+      return FieldError(field + ".top_logprobs", absl::StrCat(n, " is outside [0, ",
                                                            limits.max_top_logprobs,
                                                            "] (the server's limit)"));
     }
@@ -532,7 +532,7 @@ absl::StatusOr<NormalizedParams> NormalizeParams(const SamplingParams& params,
   if (params.seq_seed) out.seq_seed = *params.seq_seed;
   // Token adjustments: what can be checked without V (token ids are checked by PlanStep).
   auto too_long = [&](const std::string& name, size_t size) {
-    return Invalid(field + "." + name,
+    return FieldError(field + "." + name,
                    absl::StrCat(size, " tokens exceed the server limit of ", limits.max_token_list,
                                 " (GetServerInfo limits.max_token_list)"));
   };
@@ -548,7 +548,7 @@ absl::StatusOr<NormalizedParams> NormalizeParams(const SamplingParams& params,
   size_t bad_word_tokens = 0;
   for (size_t w = 0; w < params.bad_words.size(); ++w) {
     if (params.bad_words[w].empty()) {
-      return Invalid(absl::StrCat(field, ".bad_words[", w, "].token_ids"), "is empty");
+      return FieldError(absl::StrCat(field, ".bad_words[", w, "].token_ids"), "is empty");
     }
     bad_word_tokens += params.bad_words[w].size();
   }
@@ -556,11 +556,11 @@ absl::StatusOr<NormalizedParams> NormalizeParams(const SamplingParams& params,
     return too_long("bad_words", bad_word_tokens);
   }
   if (params.min_tokens < 0) {
-    return Invalid(field + ".min_tokens", absl::StrCat(params.min_tokens, " must be >= 0"));
+    return FieldError(field + ".min_tokens", absl::StrCat(params.min_tokens, " must be >= 0"));
   }
   for (const auto& [token, bias] : params.logit_bias) {
     if (!(bias >= -100.0f && bias <= 100.0f)) {
-      return Invalid(absl::StrCat(field, ".logit_bias[", token, "]"),
+      return FieldError(absl::StrCat(field, ".logit_bias[", token, "]"),
                      absl::StrCat(bias, " is not a finite bias in [-100, 100]"));
     }
   }
@@ -594,7 +594,7 @@ absl::StatusOr<StepPlan> PlanStep(const Step& step, const Limits& limits,
     if (request.status.ok() && !id.empty()) {
       auto [it, inserted] = seen_ids.emplace(id, i);
       if (!inserted) {
-        request.status = Invalid(absl::StrCat("requests[", i, "].request_id"),
+        request.status = FieldError(absl::StrCat("requests[", i, "].request_id"),
                                  absl::StrCat("'", id, "' is also requests[", it->second, "]"));
       }
     }

@@ -92,6 +92,10 @@ struct StepPlan {
 };
 
 // Draws the 64-bit seed of a request that sent none. Must be thread-safe.
+// INVALID_ARGUMENT "field: what": how every check names the field it refused (validation and
+// conversion alike).
+absl::Status FieldError(const std::string& field, const std::string& what);
+
 using SeedSource = std::function<uint64_t()>;
 // A SeedSource backed by the operating system's entropy.
 SeedSource RandomSeedSource();
