@@ -17,6 +17,7 @@
 #include "samplerd/v1/sampler.grpc.pb.h"
 #include "server/fake_group_transport.h"
 #include "server/sampler_service.h"
+#include "tests/group_rpc.h"
 #include "tests/test_steps.h"
 
 namespace samplerd {
@@ -73,19 +74,10 @@ class GroupServiceTest : public ::testing::Test {
     return {created, followers};
   }
 
-  v1::GroupState State(const std::string& id) {
-    v1::GetServerInfoResponse info;
-    grpc::ClientContext context;
-    EXPECT_TRUE(stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
-    for (const v1::GroupInfo& g : info.groups()) {
-      if (g.group_id() == id) return g.state();
-    }
-    return v1::GROUP_STATE_UNSPECIFIED;
-  }
+  v1::GroupState State(const std::string& id) { return GroupStateOf(*stub_, id); }
 
   grpc::Status Sample(const v1::SampleRequest& request, v1::SampleResponse* response) {
-    grpc::ClientContext context;
-    return stub_->Sample(&context, request, response);
+    return SampleOnce(*stub_, request, response);
   }
 
   FakeGroupHub hub_;

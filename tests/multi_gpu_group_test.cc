@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "samplerd/v1/sampler.grpc.pb.h"
+#include "tests/group_rpc.h"
 #include "tests/group_steps.h"
 #include "tests/server_process.h"
 #include "tests/test_steps.h"
@@ -111,19 +112,10 @@ class MultiGpuGroupTest : public ::testing::Test {
     return v1::JOINING;
   }
 
-  v1::GroupState State(const std::string& id) {
-    v1::GetServerInfoResponse info;
-    grpc::ClientContext context;
-    EXPECT_TRUE(stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
-    for (const v1::GroupInfo& g : info.groups()) {
-      if (g.group_id() == id) return g.state();
-    }
-    return v1::GROUP_STATE_UNSPECIFIED;
-  }
+  v1::GroupState State(const std::string& id) { return GroupStateOf(*stub_, id); }
 
   grpc::Status Sample(const v1::SampleRequest& request, v1::SampleResponse* response) {
-    grpc::ClientContext context;
-    return stub_->Sample(&context, request, response);
+    return SampleOnce(*stub_, request, response);
   }
 
   grpc::Status Destroy(const std::string& id) {
