@@ -22,6 +22,21 @@ _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_
                        ctypes.c_long]
 
 
+def _create(path, byte_size, mode, fill):
+    """Creates the shm object `path` (exclusively, not through a symlink) of `byte_size` bytes
+    and returns `fill(fd)`; if anything fails the object is removed again. The descriptor is
+    closed either way (a mapping keeps the memory)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        os.ftruncate(fd, byte_size)
+        return fill(fd)
+    except BaseException:
+        os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
+
+
 class ShmRegion:
     """A shared-memory object of `byte_size` bytes, mapped read-write in this process."""
 
@@ -37,16 +52,10 @@ class ShmRegion:
         if not self.name.startswith("/") or "/" in self.name[1:]:
             raise ValueError(f"shm name {self.name!r} must be '/' then a name without '/'")
         self.byte_size = byte_size
+        self._mode = mode
         path = _SHM_DIR + self.name
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-        try:
-            os.ftruncate(fd, byte_size)
-            self._map = mmap.mmap(fd, byte_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        except BaseException:
-            os.close(fd)
-            os.unlink(path)
-            raise
-        os.close(fd)
+        self._map = _create(path, byte_size, mode, lambda fd: mmap.mmap(
+            fd, byte_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE))
         self._path = path
         # The mapping's address, for byte_offset_of (the temporary view is dropped at once: a
         # live one would keep close() from unmapping).
@@ -94,30 +103,25 @@ class ShmRegion:
             name = f"{self._base_name}.{self._generation}"
             path = _SHM_DIR + name
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
-                             os.O_CLOEXEC, 0o600)
+                _create(path, self.byte_size, self._mode, self._move_into)
                 break
             except FileExistsError:
                 continue
-        try:
-            os.ftruncate(fd, self.byte_size)
-            with memoryview(self._map) as view:
-                done = 0
-                while done < self.byte_size:
-                    done += os.pwrite(fd, view[done:], done)
-            got = _libc.mmap(ctypes.c_void_p(self._address), ctypes.c_size_t(self.byte_size),
-                             mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | _MAP_FIXED, fd,
-                             ctypes.c_long(0))
-            if got != self._address:
-                raise OSError(ctypes.get_errno(), "mmap(MAP_FIXED) of the new shm object failed")
-        except BaseException:
-            os.close(fd)
-            os.unlink(path)
-            raise
-        os.close(fd)
         self.unlink()  # the old name, if it is still there
         self.name = name
         self._path = path
+
+    def _move_into(self, fd):
+        """Copies the region into the new object `fd`, then maps it over the old mapping."""
+        with memoryview(self._map) as view:
+            done = 0
+            while done < self.byte_size:
+                done += os.pwrite(fd, view[done:], done)
+        got = _libc.mmap(ctypes.c_void_p(self._address), ctypes.c_size_t(self.byte_size),
+                         mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | _MAP_FIXED, fd,
+                         ctypes.c_long(0))
+        if got != self._address:
+            raise OSError(ctypes.get_errno(), "mmap(MAP_FIXED) of the new shm object failed")
 
     def close(self):
         """Unmaps the object and unlinks its name if it is still there (unregister it from
