@@ -142,8 +142,9 @@ absl::Status SamplerClient::RegisterAgainIfNeeded() {
     v1::ListBuffersResponse listed;
     const grpc::Status status = stub_->ListBuffers(&context, v1::ListBuffersRequest(), &listed);
     if (!status.ok()) return FromGrpcStatus(status);
+    const std::string owner = "id:" + client_id_;  // as samplerd names a client's scope
     for (const v1::BufferInfo& info : listed.buffers()) {
-      if (info.owner() == "id:" + client_id_) held.insert(info.name());
+      if (info.owner() == owner) held.insert(info.name());
     }
   }
   for (Registration& registration : registrations_) {

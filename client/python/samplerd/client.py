@@ -145,6 +145,18 @@ class _Base:
         moved.shm_name = region.name
         return moved
 
+    @staticmethod
+    def _again_failed(request, error):
+        return SamplerError(error.code, f"registering {request.name!r} again with samplerd: "
+                                        f"{error.message}")
+
+    def _registered_again(self, request, region, reply):
+        """`request` (for `region`, or None) is registered with the samplerd that sent `reply`."""
+        if region is not None:
+            region.unlink()  # its fresh name too: the mappings keep the memory
+        self._registrations[request.name] = (request, region)
+        self._server_id = reply.server_id
+
     def _refused(self, msg) -> bool:
         """A draining samplerd's refusal of a step, which goes to the next samplerd instead."""
         return (msg.HasField("error") and msg.error.code == grpc.StatusCode.UNAVAILABLE.value[0]
@@ -261,12 +273,8 @@ class SamplerClient(_Base):
                 try:
                     reply = self._call("RegisterBuffer", request)
                 except SamplerError as e:
-                    raise SamplerError(e.code, f"registering {request.name!r} again with "
-                                               f"samplerd: {e.message}") from None
-                if region is not None:
-                    region.unlink()
-                self._registrations[request.name] = (request, region)
-                self._server_id = reply.server_id
+                    raise self._again_failed(request, e) from None
+                self._registered_again(request, region, reply)
             self._register_again = False
 
     def _register(self, request, region):
@@ -538,12 +546,8 @@ class AsyncSamplerClient(_Base):
                 try:
                     reply = await self._call("RegisterBuffer", request)
                 except SamplerError as e:
-                    raise SamplerError(e.code, f"registering {request.name!r} again with "
-                                               f"samplerd: {e.message}") from None
-                if region is not None:
-                    region.unlink()
-                self._registrations[request.name] = (request, region)
-                self._server_id = reply.server_id
+                    raise self._again_failed(request, e) from None
+                self._registered_again(request, region, reply)
             self._register_again = False
 
     async def _register(self, request, region):
