@@ -193,30 +193,21 @@ TEST(DecodeLargeVocab, RejectionReplacementDrawsFromTheResidual) {
     ASSERT_EQ(out.num_accepted, 0);
     ASSERT_EQ(out.token_ids.size(), 1u);
     const ReferenceRow p = TargetRow(logits, 2 * i, kV, step.requests[i].params, &masks[i]);
-    std::vector<std::pair<double, int32_t>> residual;
-    double total = 0.0;
+    // The residual as a reference row (SPEC 5's order: weight descending, ties by id), drawn
+    // by the reference's own ReferenceDraw.
+    ReferenceRow residual;
+    residual.probs.assign(kV, 0.0);
     for (int32_t t = 0; t < kV; ++t) {
-      const double w = std::max(0.0, p.probs[t] - std::exp(static_cast<double>(q.Row(i)[t])));
-      if (w > 0.0) residual.emplace_back(w, t);
-      total += w;
+      residual.probs[t] = std::max(0.0, p.probs[t] - std::exp(static_cast<double>(q.Row(i)[t])));
+      if (residual.probs[t] > 0.0) residual.order.push_back(t);
     }
-    ASSERT_GT(residual.size(), 4096u) << "the test no longer reaches the bucketed path";
-    std::sort(residual.begin(), residual.end(), [](const auto& a, const auto& b) {
-      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    ASSERT_GT(residual.order.size(), 4096u) << "the test no longer reaches the bucketed path";
+    std::stable_sort(residual.order.begin(), residual.order.end(), [&](int32_t a, int32_t b) {
+      return residual.probs[a] > residual.probs[b];
     });
-    const double target = UniformDouble(1000 + i, 3 * 50 + 1) * total;
-    double cumulative = 0.0, edge = std::numeric_limits<double>::infinity();
-    int32_t want = residual.back().second;
-    for (const auto& [w, t] : residual) {
-      edge = std::min(edge, std::abs(cumulative - target));
-      cumulative += w;
-      if (cumulative > target) {
-        want = t;
-        edge = std::min(edge, std::abs(cumulative - target));
-        break;
-      }
-    }
-    if (edge < 1e-6 * total) continue;  // SPEC 5's band: either neighbour is right
+    double edge = 0.0;
+    const int32_t want = ReferenceDraw(residual, UniformDouble(1000 + i, 3 * 50 + 1), &edge);
+    if (edge < 1e-6) continue;  // SPEC 5's band: either neighbour is right
     ++judged;
     EXPECT_EQ(out.token_ids[0], want);
   }
@@ -383,11 +374,7 @@ TEST_F(Decode, DraftStepSamplesInDraftSeedDomainAndFillsThePool) {
   EXPECT_EQ(backend->draft_pool().UsedBytes(), 0);
   // What it verified against was the DRAFT step's processed distributions: the same DECODE
   // with those sent inline (the float64 reference's, as float32) gives the same answer.
-  HostLogits q(2, kVocab);
-  for (int j = 0; j < 2; ++j) {
-    const ReferenceRow ref = TargetRow(logits_, 8 + j, kVocab, d.params);
-    for (int32_t t = 0; t < kVocab; ++t) q.Row(j)[t] = static_cast<float>(ref.logprobs[t]);
-  }
+  const HostLogits q = DraftsEqualToTarget(logits_, 8, 2, kVocab, d.params);
   Step inline_decode = decode;
   SendDense(inline_decode.requests[0], q);
   auto fresh = MakeBackend();

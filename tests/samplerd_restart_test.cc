@@ -14,6 +14,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -32,6 +33,7 @@
 #include "sampler/cpu_backend.h"
 #include "tests/in_process.h"
 #include "tests/server_process.h"
+#include "tests/test_steps.h"
 
 namespace samplerd {
 namespace {
@@ -48,33 +50,20 @@ constexpr int64_t kSlotBytes = int64_t{kRows} * kVocab * 4;
 // Step `s`'s logits into slot s % kSlots of `shm`, and the request that reads them there
 // (`inline_copy`: the same step with the logits inline, for the reference).
 v1::SampleRequest MakeStep(int s, ShmBuffer& shm, v1::SampleRequest* inline_copy) {
-  std::mt19937_64 rng(1000 + s);
-  std::normal_distribution<float> normal(0.0f, 2.0f);
-  float* slot = reinterpret_cast<float*>(static_cast<char*>(shm.data()) + (s % kSlots) * kSlotBytes);
-  v1::SampleRequest request;
-  request.set_step_id(s + 1);
+  *inline_copy = SmallStep(s + 1, kRows, kVocab, /*seed=*/1000 + s);
+  for (v1::RequestInputs& q : *inline_copy->mutable_inputs()->mutable_requests()) {
+    q.mutable_params()->set_temperature(0.9f);
+    q.mutable_params()->set_top_p(0.95f);
+    q.mutable_params()->set_top_logprobs(3);
+  }
+  // The same step reading its logits from slot s % kSlots of the region.
+  v1::SampleRequest request = *inline_copy;
+  const auto& values = inline_copy->logits().values().values();
+  std::copy(values.begin(), values.end(),
+            reinterpret_cast<float*>(static_cast<char*>(shm.data()) + (s % kSlots) * kSlotBytes));
   v1::Tensor* t = request.mutable_logits();
+  t->clear_values();
   t->set_dtype(v1::FLOAT32);
-  t->set_rows(kRows);
-  t->set_cols(kVocab);
-  v1::SamplerInputs* in = request.mutable_inputs();
-  in->set_kind(v1::PREFILL);
-  in->set_vocab_size(kVocab);
-  for (int r = 0; r < kRows; ++r) {
-    v1::RequestInputs* q = in->add_requests();
-    q->set_request_id("seq" + std::to_string(r));
-    q->set_row(r);
-    q->set_sample_position(100 + s);
-    q->mutable_params()->set_seq_seed(7 + r);
-    q->mutable_params()->set_temperature(0.9f);
-    q->mutable_params()->set_top_p(0.95f);
-    q->mutable_params()->set_top_logprobs(3);
-  }
-  *inline_copy = request;
-  for (int i = 0; i < kRows * kVocab; ++i) {
-    slot[i] = normal(rng);
-    inline_copy->mutable_logits()->mutable_values()->add_values(slot[i]);
-  }
   t->mutable_buffer()->set_name("decode-logits");
   t->mutable_buffer()->set_byte_offset((s % kSlots) * kSlotBytes);
   return request;
