@@ -155,12 +155,10 @@ void RowProcessor::ApplyMask(const unsigned char* mask) {
 }
 
 bool RowProcessor::ApplyTokenUpdates(const RowOptions& options) {
-  const NormalizedParams& params = *options.params;
+  const PenaltySettings penalties = options.params->Penalties();
   bool left_range = false;
   for (const TokenUpdate& u : options.updates) {
-    scores_[u.token] = UpdateToken(scores_[u.token], u.ban, u.has_bias, u.bias, u.penalize,
-                                   params.repetition_penalty, params.presence_penalty,
-                                   params.frequency_penalty, u.count, &left_range);
+    scores_[u.token] = UpdateToken(scores_[u.token], u, penalties, &left_range);
   }
   return !left_range;
 }

@@ -89,25 +89,57 @@ SAMPLERD_SPEC_FN bool LeftFloatRange(float before, float after) {
   return IsFiniteFloat(before) && !IsFiniteFloat(after);
 }
 
-// SPEC 3 steps 2b-d, then 3, on one token of a sampled row (one entry of the row's token
-// updates, sampler/token_updates.h): a ban (a bad word it would complete, a stop id before
-// min_tokens) makes it -inf; else a logit bias adds to it unless it is -inf already; then the
-// penalties when it is in the penalty history. Sets *left_range when a finite value left the
-// float32 range at the bias or at the penalties (SPEC 3: an error of the request).
-SAMPLERD_SPEC_FN float UpdateToken(float x, bool ban, bool has_bias, float bias, bool penalize,
-                                   float repetition, float presence, float frequency,
-                                   int32_t count, bool* left_range) {
-  if (ban) return -__builtin_huge_valf();
-  if (has_bias && IsFiniteFloat(x)) {
-    const float y = x + bias;
+// One token's adjustments in one sampled row (SPEC 3 steps 2b-d and 3), as the host merged
+// them from every source (sampler/token_updates.h): what any adjustment can do to a token is a
+// ban, an addition before the penalties, the penalties, or an addition after them. Adjustments
+// compose: bans win, additions add, penalty counts add. Host and device read the same struct.
+enum TokenUpdateFlags : int32_t {
+  kUpdateBan = 1,        // -inf (a bad word it would complete, a stop id before min_tokens)
+  kUpdateBias = 2,       // `bias` is added before the penalties (step 2d's logit bias)
+  kUpdatePenalize = 4,   // in the penalty history (prompt or output), the request's penalties on
+  kUpdateLateBias = 8,   // `late_bias` is added after the penalties (step 3's DRY)
+};
+struct TokenUpdate {
+  int32_t token = 0;
+  int32_t flags = 0;       // TokenUpdateFlags
+  float bias = 0.0f;       // kUpdateBias
+  int32_t count = 0;       // occurrences in the output history (kUpdatePenalize)
+  float late_bias = 0.0f;  // kUpdateLateBias
+};
+
+// A request's penalty settings (SPEC 3 step 3): repetition 1 and presence, frequency 0 = off.
+struct PenaltySettings {
+  float repetition = 1.0f;
+  float presence = 0.0f;
+  float frequency = 0.0f;
+  SAMPLERD_SPEC_FN bool on() const {
+    return repetition != 1.0f || presence != 0.0f || frequency != 0.0f;
+  }
+};
+
+// x + add where x is finite (-inf stays -inf), recording a finite value that left float32.
+SAMPLERD_SPEC_FN float AddIfFinite(float x, float add, bool* left_range) {
+  if (!IsFiniteFloat(x)) return x;
+  const float y = x + add;
+  *left_range = *left_range || LeftFloatRange(x, y);
+  return y;
+}
+
+// SPEC 3 steps 2b-d, then 3, on one token of a sampled row: a ban makes it -inf; else its
+// bias is added unless it is -inf already, then the penalties when it is in the penalty
+// history, then its late bias. Sets *left_range when a finite value left the float32 range
+// at any of them (SPEC 3: an error of the request).
+SAMPLERD_SPEC_FN float UpdateToken(float x, const TokenUpdate& u, const PenaltySettings& penalties,
+                                   bool* left_range) {
+  if (u.flags & kUpdateBan) return -__builtin_huge_valf();
+  if (u.flags & kUpdateBias) x = AddIfFinite(x, u.bias, left_range);
+  if (u.flags & kUpdatePenalize) {
+    const float y = ApplyPenalty(x, penalties.repetition, penalties.presence,
+                                 penalties.frequency, u.count);
     *left_range = *left_range || LeftFloatRange(x, y);
     x = y;
   }
-  if (penalize) {
-    const float y = ApplyPenalty(x, repetition, presence, frequency, count);
-    *left_range = *left_range || LeftFloatRange(x, y);
-    x = y;
-  }
+  if (u.flags & kUpdateLateBias) x = AddIfFinite(x, u.late_bias, left_range);
   return x;
 }
 

@@ -57,5 +57,54 @@ TEST(OrderKey, OrdersAsFloatComparisonWithSignedZerosEqual) {
   EXPECT_LT(OrderKey(-0.0f), OrderKey(denorm));
 }
 
+// The per-token seam's arithmetic (SPEC 3 steps 2b-d, 3): ban, then bias, then penalties,
+// then the late bias; -inf stays -inf; a finite value leaving float32 at any of them is flagged.
+TEST(UpdateToken, AppliesBanBiasPenaltiesLateBiasInSpecOrder) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const PenaltySettings repeat2{2.0f, 0.0f, 0.0f};
+  auto entry = [](int32_t flags, float bias, float late_bias, int32_t count = 0) {
+    TokenUpdate u;
+    u.flags = flags;
+    u.bias = bias;
+    u.late_bias = late_bias;
+    u.count = count;
+    return u;
+  };
+  bool left = false;
+  // A ban wins over everything else the token carries.
+  EXPECT_EQ(UpdateToken(2.0f, entry(kUpdateBan | kUpdateBias | kUpdateLateBias, 5, 5), repeat2,
+                        &left), -inf);
+  // The bias comes before the penalty: (2 + 1) / 2; the late bias after it: 2 / 2 - 3.
+  EXPECT_EQ(UpdateToken(2.0f, entry(kUpdateBias | kUpdatePenalize, 1, 0), repeat2, &left), 1.5f);
+  EXPECT_EQ(UpdateToken(2.0f, entry(kUpdatePenalize | kUpdateLateBias, 0, -3), repeat2, &left),
+            -2.0f);
+  // Presence and frequency count the output occurrences: 1 - (0.5 + 0.25 * 2).
+  EXPECT_EQ(UpdateToken(1.0f, entry(kUpdatePenalize, 0, 0, 2), PenaltySettings{1, 0.5f, 0.25f},
+                        &left), 0.0f);
+  // Flags not set leave the fields unread.
+  EXPECT_EQ(UpdateToken(2.0f, entry(0, 7, 7), repeat2, &left), 2.0f);
+  EXPECT_FALSE(left);
+  // -inf stays -inf under both biases (and the penalties keep it there).
+  EXPECT_EQ(UpdateToken(-inf, entry(kUpdateBias | kUpdatePenalize | kUpdateLateBias, 9, 9),
+                        repeat2, &left), -inf);
+  EXPECT_FALSE(left);
+  // Leaving float32 at the bias, the penalty or the late bias is flagged.
+  const float big = std::numeric_limits<float>::max();
+  for (const TokenUpdate& u : {entry(kUpdateBias, 100, 0), entry(kUpdateLateBias, 0, -100)}) {
+    bool flagged = false;
+    UpdateToken(u.flags & kUpdateBias ? big : -big, u, repeat2, &flagged);
+    EXPECT_FALSE(flagged) << "100 is below float32's ulp at its maximum";
+  }
+  bool flagged = false;
+  UpdateToken(-big, entry(kUpdatePenalize, 0, 0), repeat2, &flagged);  // -big * 2
+  EXPECT_TRUE(flagged);
+  flagged = false;
+  UpdateToken(big, entry(kUpdateLateBias, 0, big), repeat2, &flagged);
+  EXPECT_TRUE(flagged);
+  flagged = false;
+  UpdateToken(-big, entry(kUpdateBias, -big, 0), repeat2, &flagged);
+  EXPECT_TRUE(flagged);
+}
+
 }  // namespace
 }  // namespace samplerd

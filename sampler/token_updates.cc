@@ -1,6 +1,7 @@
 #include "sampler/token_updates.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace samplerd {
 namespace {
@@ -19,6 +20,26 @@ bool HistoryEndsWith(absl::Span<const int32_t> output, absl::Span<const int32_t>
   return true;
 }
 
+TokenUpdate Entry(int32_t token, int32_t flags) {
+  TokenUpdate u;
+  u.token = token;
+  u.flags = flags;
+  return u;
+}
+
+// Entries of one token merged into one: bans win (a banned token is -inf whatever else applies),
+// biases add, history counts add. Entries of the same token keep their order of appending
+// (stable sort), so the float sums are the same on every call.
+// The first bias of a kind is taken as sent (a -0.0 bias stays -0.0), later ones add.
+void Merge(TokenUpdate& into, const TokenUpdate& u) {
+  if (u.flags & kUpdateBias) into.bias = (into.flags & kUpdateBias) ? into.bias + u.bias : u.bias;
+  if (u.flags & kUpdateLateBias) {
+    into.late_bias = (into.flags & kUpdateLateBias) ? into.late_bias + u.late_bias : u.late_bias;
+  }
+  into.flags |= u.flags;
+  into.count += u.count;
+}
+
 }  // namespace
 
 std::vector<TokenUpdate> RowTokenUpdates(const TokenAdjustments& adjustments,
@@ -31,65 +52,42 @@ std::vector<TokenUpdate> RowTokenUpdates(const TokenAdjustments& adjustments,
   // all of it but its last token.
   for (const std::vector<int32_t>& word : adjustments.bad_words) {
     const absl::Span<const int32_t> prefix(word.data(), word.size() - 1);
-    if (HistoryEndsWith(output, drafts_before, prefix)) {
-      TokenUpdate u;
-      u.token = word.back();
-      u.ban = true;
-      all.push_back(u);
-    }
+    if (HistoryEndsWith(output, drafts_before, prefix)) all.push_back(Entry(word.back(), kUpdateBan));
   }
   // Step 2c: before min_tokens tokens of history, the stop ids are banned.
   if (static_cast<int64_t>(output.size() + drafts_before.size()) < adjustments.min_tokens) {
-    for (int32_t t : adjustments.stop_token_ids) {
-      TokenUpdate u;
-      u.token = t;
-      u.ban = true;
-      all.push_back(u);
-    }
+    for (int32_t t : adjustments.stop_token_ids) all.push_back(Entry(t, kUpdateBan));
   }
   // Step 2d.
   for (const auto& [t, bias] : adjustments.logit_bias) {
-    TokenUpdate u;
-    u.token = t;
-    u.has_bias = true;
+    TokenUpdate u = Entry(t, kUpdateBias);
     u.bias = bias;
     all.push_back(u);
   }
   // Step 3's history: every prompt or output token (repetition), counted over the output.
   if (penalties.on()) {
-    for (int32_t t : prompt) {
-      TokenUpdate u;
-      u.token = t;
-      u.penalize = true;
-      all.push_back(u);
-    }
+    for (int32_t t : prompt) all.push_back(Entry(t, kUpdatePenalize));
     for (absl::Span<const int32_t> part : {output, drafts_before}) {
       for (int32_t t : part) {
-        TokenUpdate u;
-        u.token = t;
-        u.penalize = true;
+        TokenUpdate u = Entry(t, kUpdatePenalize);
         u.count = 1;
         all.push_back(u);
       }
     }
   }
-  // Merged per token: a ban, a bias and a history count combine.
-  std::sort(all.begin(), all.end(),
-            [](const TokenUpdate& a, const TokenUpdate& b) { return a.token < b.token; });
+  return MergeTokenUpdates(std::move(all));
+}
+
+std::vector<TokenUpdate> MergeTokenUpdates(std::vector<TokenUpdate> entries) {
+  std::stable_sort(entries.begin(), entries.end(),
+                   [](const TokenUpdate& a, const TokenUpdate& b) { return a.token < b.token; });
   std::vector<TokenUpdate> out;
-  for (const TokenUpdate& u : all) {
+  for (const TokenUpdate& u : entries) {
     if (out.empty() || out.back().token != u.token) {
       out.push_back(u);
-      continue;
+    } else {
+      Merge(out.back(), u);
     }
-    TokenUpdate& m = out.back();
-    m.ban = m.ban || u.ban;
-    if (u.has_bias) {
-      m.has_bias = true;
-      m.bias = u.bias;
-    }
-    m.penalize = m.penalize || u.penalize;
-    m.count += u.count;
   }
   return out;
 }

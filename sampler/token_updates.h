@@ -4,13 +4,15 @@
 //
 // SPEC 3 step 2a (allowed_token_ids) is a set of tokens, not a per-token value: PlanStep folds
 // it into the row's mask (RequestPlan::owned_masks). Steps 2b-d (bad words, min_tokens' stop
-// ids, logit bias) and step 3 (penalties) are entries here, merged per token and sorted by
-// token, so a row costs what its request holds (its bias entries, its words, its history),
-// never V. A new per-token adjustment is: the proto field, its conversion (server/
-// proto_convert), its check (sampler/validate), and its entries in RowTokenUpdates.
+// ids, logit bias) and step 3 (penalties) are entries here (spec_rules.h's TokenUpdate: a ban,
+// a bias before the penalties, the penalty history, a bias after them), merged per token and
+// sorted by token, so a row costs what its request holds (its bias entries, its words, its
+// history), never V. Entries compose: bans win, biases add, counts add; so a new per-token
+// adjustment is data here, and no backend changes (ARCHITECTURE.md, "How to add a per-token
+// adjustment").
 //
-//   std::vector<TokenUpdate> updates = RowTokenUpdates(request_plan, step.kind, row_index);
-//   for (const TokenUpdate& u : updates) x[u.token] = UpdateToken(x[u.token], u.ban, ...);
+//   std::vector<TokenUpdate> updates = request_plan.RowUpdates(step.kind, row_index);
+//   for (const TokenUpdate& u : updates) x[u.token] = UpdateToken(x[u.token], u, penalties, &bad);
 #ifndef SAMPLERD_SAMPLER_TOKEN_UPDATES_H_
 #define SAMPLERD_SAMPLER_TOKEN_UPDATES_H_
 
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "sampler/spec_rules.h"
 #include "sampler/types.h"
 
 namespace samplerd {
@@ -34,24 +37,6 @@ struct TokenAdjustments {
   }
 };
 
-// One token's updates in one row (UpdateToken's arguments, less the request's penalties).
-struct TokenUpdate {
-  int32_t token = 0;
-  bool ban = false;       // -inf: a bad word it completes, or a stop id before min_tokens
-  bool has_bias = false;  // logit_bias names it
-  float bias = 0.0f;
-  bool penalize = false;  // in the penalty history (prompt or output), penalties on
-  int32_t count = 0;      // its occurrences in the output history
-};
-
-// Penalty settings of a request (NormalizedParams' three penalties).
-struct PenaltySettings {
-  float repetition = 1.0f;
-  float presence = 0.0f;
-  float frequency = 0.0f;
-  bool on() const { return repetition != 1.0f || presence != 0.0f || frequency != 0.0f; }
-};
-
 // The updates of one sampled row, sorted by token, one entry per token. `output` is the row's
 // output history (SPEC 3): the request's output_token_ids, then for row j of a DECODE request
 // the drafts of rows 0..j-1 that are not -1 (`drafts_before`); `prompt` counts for the
@@ -61,6 +46,12 @@ std::vector<TokenUpdate> RowTokenUpdates(const TokenAdjustments& adjustments,
                                          absl::Span<const int32_t> prompt,
                                          absl::Span<const int32_t> output,
                                          absl::Span<const int32_t> drafts_before);
+
+// Entries from any number of sources, as one list sorted by token with one entry per token:
+// bans win (kUpdateBan stays set; UpdateToken then ignores the rest), biases of a kind add (in
+// the order appended), history counts add. RowTokenUpdates ends with it; a new adjustment
+// appends its entries before it.
+std::vector<TokenUpdate> MergeTokenUpdates(std::vector<TokenUpdate> entries);
 
 // SPEC 3's output history of sampled row `row_index` of a request: its output_token_ids, then
 // in a DECODE step the drafts of rows 0..row_index-1 (a -1 adds nothing). Returns the drafts

@@ -12,6 +12,7 @@
 #include "sampler/dtype.h"
 #include "sampler/row_kernels.h"
 #include "sampler/spec_rules.h"
+#include "sampler/status_macros.h"
 
 namespace samplerd {
 namespace {
@@ -233,48 +234,90 @@ absl::Status ClaimRows(const Step& step, size_t index, RowClaims& claims) {
   return absl::OkStatus();
 }
 
-// SPEC 2's token adjustments of one request, against V: token ids in [0, V), logit_bias keys
-// once each; then the request's TokenAdjustments, and allowed_token_ids folded into each
-// sampled row's mask (SPEC 3 step 2a: a token not listed gets -inf, as a masked one does).
-// `request_field` names the request ("requests[i]").
+// A token list's length against the server's limit (GetServerInfo limits.max_token_list).
+absl::Status CheckListLength(size_t size, const Limits& limits, absl::string_view field,
+                             absl::string_view suffix) {
+  if (size <= static_cast<size_t>(limits.max_token_list)) return absl::OkStatus();
+  return FieldError(absl::StrCat(field, suffix),
+                    absl::StrCat(size, " tokens exceed the server limit of ",
+                                 limits.max_token_list, " (GetServerInfo limits.max_token_list)"));
+}
+
+// A list of token ids (allowed ids, stop ids): its length, then each id in [0, V).
+absl::Status CheckTokenList(const std::vector<int32_t>& ids, int32_t vocab_size,
+                            const Limits& limits, absl::string_view field,
+                            absl::string_view suffix) {
+  RETURN_IF_ERROR(CheckListLength(ids.size(), limits, field, suffix));
+  return CheckTokenIds(ids, vocab_size, false, field, suffix);
+}
+
+// bad_words: no word empty, their tokens together within the limit, each id in [0, V).
+absl::Status CheckBadWords(const std::vector<std::vector<int32_t>>& words, int32_t vocab_size,
+                           const Limits& limits, absl::string_view field) {
+  size_t tokens = 0;
+  for (size_t w = 0; w < words.size(); ++w) {
+    if (words[w].empty()) {
+      return FieldError(absl::StrCat(field, ".params.bad_words[", w, "].token_ids"), "is empty");
+    }
+    tokens += words[w].size();
+  }
+  RETURN_IF_ERROR(CheckListLength(tokens, limits, field, ".params.bad_words"));
+  for (size_t w = 0; w < words.size(); ++w) {
+    RETURN_IF_ERROR(CheckTokenIds(words[w], vocab_size, false, field,
+                                  absl::StrCat(".params.bad_words[", w, "].token_ids")));
+  }
+  return absl::OkStatus();
+}
+
+// logit_bias: within the limit, each bias finite in [-100, 100], each key in [0, V) and named
+// once. Returns the entries sorted by token.
+absl::StatusOr<std::vector<std::pair<int32_t, float>>> CheckLogitBias(
+    const std::vector<std::pair<int32_t, float>>& sent, int32_t vocab_size, const Limits& limits,
+    absl::string_view field) {
+  RETURN_IF_ERROR(CheckListLength(sent.size(), limits, field, ".params.logit_bias"));
+  auto entry = [&](int32_t token) { return absl::StrCat(field, ".params.logit_bias[", token, "]"); };
+  for (const auto& [token, bias] : sent) {
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return FieldError(entry(token), absl::StrCat(bias, " is not a finite bias in [-100, 100]"));
+    }
+    if (token < 0 || token >= vocab_size) {
+      return FieldError(entry(token), absl::StrCat("token id ", token,
+                                                   " is outside [0, vocab_size = ", vocab_size,
+                                                   ")"));
+    }
+  }
+  std::vector<std::pair<int32_t, float>> sorted = sent;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    if (sorted[i].first == sorted[i - 1].first) {
+      return FieldError(entry(sorted[i].first), "names the token twice");
+    }
+  }
+  return sorted;
+}
+
+// SPEC 2's token adjustments of one request, each field checked in one function above (its
+// length against the server's limit, its values, its token ids against V); then the request's
+// TokenAdjustments, and allowed_token_ids folded into each sampled row's mask (SPEC 3 step 2a:
+// a token not listed gets -inf, as a masked one does). `request_field` names the request
+// ("requests[i]").
 absl::Status PlanAdjustments(const SamplingParams& params, int32_t vocab_size,
                              const std::string& request_field, const Limits& limits,
                              int64_t* step_mask_bytes, RequestPlan& plan) {
-  if (auto status = CheckTokenIds(params.allowed_token_ids, vocab_size, false, request_field,
-                                  ".params.allowed_token_ids");
-      !status.ok()) {
-    return status;
+  RETURN_IF_ERROR(CheckTokenList(params.allowed_token_ids, vocab_size, limits, request_field,
+                                 ".params.allowed_token_ids"));
+  RETURN_IF_ERROR(CheckTokenList(params.stop_token_ids, vocab_size, limits, request_field,
+                                 ".params.stop_token_ids"));
+  if (params.min_tokens < 0) {
+    return FieldError(request_field + ".params.min_tokens",
+                      absl::StrCat(params.min_tokens, " must be >= 0"));
   }
-  if (auto status = CheckTokenIds(params.stop_token_ids, vocab_size, false, request_field,
-                                  ".params.stop_token_ids");
-      !status.ok()) {
-    return status;
-  }
+  RETURN_IF_ERROR(CheckBadWords(params.bad_words, vocab_size, limits, request_field));
+  TokenAdjustments& adj = plan.adjustments;
+  ASSIGN_OR_RETURN(adj.logit_bias,
+                   CheckLogitBias(params.logit_bias, vocab_size, limits, request_field));
   // The params' field, built only for an error.
   auto field = [&] { return absl::StrCat(request_field, ".params"); };
-  for (size_t w = 0; w < params.bad_words.size(); ++w) {
-    if (auto status = CheckTokenIds(params.bad_words[w], vocab_size, false, request_field,
-                                    absl::StrCat(".params.bad_words[", w, "].token_ids"));
-        !status.ok()) {
-      return status;
-    }
-  }
-  TokenAdjustments& adj = plan.adjustments;
-  for (const auto& [token, bias] : params.logit_bias) {
-    if (token < 0 || token >= vocab_size) {
-      return FieldError(absl::StrCat(field(), ".logit_bias[", token, "]"),
-                     absl::StrCat("token id ", token, " is outside [0, vocab_size = ", vocab_size,
-                                  ")"));
-    }
-    adj.logit_bias.emplace_back(token, bias);
-  }
-  std::sort(adj.logit_bias.begin(), adj.logit_bias.end());
-  for (size_t i = 1; i < adj.logit_bias.size(); ++i) {
-    if (adj.logit_bias[i].first == adj.logit_bias[i - 1].first) {
-      return FieldError(absl::StrCat(field(), ".logit_bias[", adj.logit_bias[i].first, "]"),
-                     "names the token twice");
-    }
-  }
   adj.bad_words = params.bad_words;
   adj.min_tokens = params.min_tokens;
   adj.stop_token_ids = params.stop_token_ids;
@@ -530,40 +573,6 @@ absl::StatusOr<NormalizedParams> NormalizeParams(const SamplingParams& params,
     out.top_logprobs = n;
   }
   if (params.seq_seed) out.seq_seed = *params.seq_seed;
-  // Token adjustments: what can be checked without V (token ids are checked by PlanStep).
-  auto too_long = [&](const std::string& name, size_t size) {
-    return FieldError(field + "." + name,
-                   absl::StrCat(size, " tokens exceed the server limit of ", limits.max_token_list,
-                                " (GetServerInfo limits.max_token_list)"));
-  };
-  if (params.allowed_token_ids.size() > static_cast<size_t>(limits.max_token_list)) {
-    return too_long("allowed_token_ids", params.allowed_token_ids.size());
-  }
-  if (params.stop_token_ids.size() > static_cast<size_t>(limits.max_token_list)) {
-    return too_long("stop_token_ids", params.stop_token_ids.size());
-  }
-  if (params.logit_bias.size() > static_cast<size_t>(limits.max_token_list)) {
-    return too_long("logit_bias", params.logit_bias.size());
-  }
-  size_t bad_word_tokens = 0;
-  for (size_t w = 0; w < params.bad_words.size(); ++w) {
-    if (params.bad_words[w].empty()) {
-      return FieldError(absl::StrCat(field, ".bad_words[", w, "].token_ids"), "is empty");
-    }
-    bad_word_tokens += params.bad_words[w].size();
-  }
-  if (bad_word_tokens > static_cast<size_t>(limits.max_token_list)) {
-    return too_long("bad_words", bad_word_tokens);
-  }
-  if (params.min_tokens < 0) {
-    return FieldError(field + ".min_tokens", absl::StrCat(params.min_tokens, " must be >= 0"));
-  }
-  for (const auto& [token, bias] : params.logit_bias) {
-    if (!(bias >= -100.0f && bias <= 100.0f)) {
-      return FieldError(absl::StrCat(field, ".logit_bias[", token, "]"),
-                     absl::StrCat(bias, " is not a finite bias in [-100, 100]"));
-    }
-  }
   // SPEC section 2: a near-zero temperature becomes SAMPLING_EPS and turns the filters off.
   if (out.temperature < kSamplingEps) {
     out.temperature = kSamplingEps;

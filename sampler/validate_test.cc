@@ -181,7 +181,9 @@ TEST_F(PlanStepTest, RejectsTokenIdsOutsideVocabulary) {
   }
 }
 
-TEST(NormalizeParams, RejectsEachFaultyTokenAdjustment) {
+// Each token adjustment field is checked in one function (PlanAdjustments' checks): its
+// length against the server's limit, its values, its ids.
+TEST_F(PlanStepTest, RejectsEachFaultyTokenAdjustment) {
   const float nan = std::nanf("");
   struct Case {
     std::function<void(SamplingParams&)> set;
@@ -203,19 +205,26 @@ TEST(NormalizeParams, RejectsEachFaultyTokenAdjustment) {
       {[](SamplingParams& p) { p.bad_words = {{1, 2}, {3, 4}}; }, "params.bad_words"},
   };
   for (const Case& c : cases) {
-    SamplingParams p;
-    c.set(p);
-    const absl::Status status = NormalizeParams(p, small, "requests[0].params").status();
+    RequestInputs r = PrefillRequest("a", 0, 1);
+    c.set(r.params);
+    Step step = Prefill({r, PrefillRequest("b", 1, 1)});
+    auto plan = PlanStep(step, small, FixedSeeds());
+    ASSERT_TRUE(plan.ok()) << c.field;
+    const absl::Status& status = plan->requests[0].status;
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.field;
     EXPECT_THAT(std::string(status.message()), HasSubstr("requests[0]." + c.field));
+    EXPECT_TRUE(plan->requests[1].status.ok()) << c.field;
   }
   // The range's ends, and lists at the limit, are accepted.
-  SamplingParams ok;
-  ok.logit_bias = {{1, -100.0f}, {2, 100.0f}, {3, 0.0f}};
-  ok.bad_words = {{1}, {2, 3}};
-  ok.allowed_token_ids = {1, 2, 3};
-  ok.min_tokens = 0;
-  EXPECT_TRUE(NormalizeParams(ok, small, "p").ok());
+  RequestInputs ok = PrefillRequest("a", 0, 1);
+  ok.params.logit_bias = {{1, -100.0f}, {2, 100.0f}, {3, 0.0f}};
+  ok.params.bad_words = {{1}, {2, 3}};
+  ok.params.allowed_token_ids = {1, 2, 3};
+  ok.params.min_tokens = 0;
+  Step step = Prefill({ok});
+  auto plan = PlanStep(step, small, FixedSeeds());
+  ASSERT_TRUE(plan.ok());
+  EXPECT_TRUE(plan->requests[0].status.ok()) << plan->requests[0].status;
 }
 
 TEST_F(PlanStepTest, RejectsAdjustmentTokenIdsOutsideVocabulary) {
