@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 
 #include "cuda/cuda_backend.h"
+#include "cuda/stage_timer.h"
 #include "sampler/dtype.h"
 #include "bench/bench_params.h"
 #include "sampler/test_util.h"
@@ -220,15 +221,16 @@ int Main(int argc, char** argv) {
     }
     // The default (rows with a small top-k on the split path) and, in the same run, every row
     // on the fused path: the version before the split path, as the within-run baseline.
-    (*gpu)->set_stage_timing(false, 0);
     const double us = MedianKernelUs(**gpu, step);
-    (*gpu)->set_stage_timing(false, CudaBackend::kDebugNoSplitPath);
+    (*gpu)->set_split_path(false);
     const double fused_us = MedianKernelUs(**gpu, step);
-    (*gpu)->set_stage_timing(true, 0);
+    (*gpu)->set_split_path(true);
+    auto timer = std::make_shared<cuda::StageTimer>();
+    (*gpu)->set_launch_probe(timer);
     MedianKernelUs(**gpu, step);
+    (*gpu)->set_launch_probe(nullptr);
     std::string stages;
-    for (double t : (*gpu)->last_stage_us()) stages += absl::StrFormat(" %.1f", t);
-    (*gpu)->set_stage_timing(false, 0);
+    for (double t : timer->last_stage_us()) stages += absl::StrFormat(" %.1f", t);
     const double gbs = bytes / (us * 1e-6) / 1e9;
     std::printf("%-22s %12.1f %12.0f %13.1f%% %14.1f %9.2fx   split stages us:%s\n",
                 c.name.c_str(), us, gbs, 100.0 * gbs * 1e9 / bandwidth, fused_us, fused_us / us,

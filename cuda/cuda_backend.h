@@ -18,6 +18,9 @@
 #include "sampler/draft_pool.h"
 
 namespace samplerd {
+namespace cuda {
+class LaunchProbe;
+}  // namespace cuda
 
 struct CudaBackendOptions {
   int device = 0;
@@ -48,13 +51,11 @@ class CudaBackend final : public Backend {
 
   DraftPool& draft_pool() override;
 
-  // Benchmarks: record the kernels' stage times (ns since their start) of the next steps; needs
-  // the instrumented kernels (link //cuda:cuda_backend_probed; the production backend's steps
-  // then fail INTERNAL). `debug_flags`: the low byte is cuda::StageProbe::flags (timing
-  // experiments only); kDebugNoSplitPath puts every row on the fused path (either build).
-  static constexpr int kDebugNoSplitPath = 1 << 8;
-  void set_stage_timing(bool on, int debug_flags = 0);
-  std::vector<double> last_stage_us() const;
+  // Benchmarks only: a probe run around every launch (cuda/stage_timer.h: the kernels' stage
+  // times, with //cuda:cuda_backend_probed), null = none; and the split path off, every
+  // small-top-k row on the fused path (the benchmark's within-run baseline). Set between steps.
+  void set_launch_probe(std::shared_ptr<cuda::LaunchProbe> probe);
+  void set_split_path(bool on);
 
   // Tests: the next `count` launches (one per RunJobs, on whichever lane) fail with a real CUDA
   // error (cudaErrorInvalidValue) after their inputs were queued, as issue 25's failed launch

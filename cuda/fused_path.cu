@@ -67,7 +67,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
   const int V = p.vocab_size;
   const int lo = rank * chunk;
   const int n = max(0, min(V, lo + chunk) - lo);
-  const int elem = p.dtype == kF32 ? 4 : 2;
+  const int elem = p.dtype == DType::kFloat32 ? 4 : 2;
   const char* row = static_cast<const char*>(p.logits) +
                     static_cast<int64_t>(job.logits_row) * p.row_stride * elem;
   const bool prompt = job.kind == kRowPrompt;

@@ -18,7 +18,7 @@ __global__ void __launch_bounds__(kPrepareThreads) PrepareRowsKernel(StepParams 
   const int V = p.vocab_size;
   const int begin = blockIdx.x * kPrepareChunk;
   const int end = min(V, begin + kPrepareChunk);
-  const int elem = p.dtype == kF32 ? 4 : 2;
+  const int elem = p.dtype == DType::kFloat32 ? 4 : 2;
   const void* row = static_cast<const char*>(p.logits) +
                     static_cast<int64_t>(job.logits_row) * p.row_stride * elem;
   float* x = p.workspace + static_cast<int64_t>(job_index) * V;
@@ -51,7 +51,7 @@ __global__ void RowUpdatesKernel(StepParams p) {
   const RowUpdate& u = p.updates[i];
   float* x = p.workspace + static_cast<int64_t>(lo) * p.vocab_size;
   bool left_range = false;
-  x[u.token] = ApplyRowUpdate(x[u.token], u, &left_range);
+  x[u.update.token] = UpdateToken(x[u.update.token], u.update, u.penalties, &left_range);
   if (left_range) atomicOr(reinterpret_cast<int*>(&p.results[lo].status), kRowOverflow);
 }
 
@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kSampleThreads) SampleRowsKernel(StepParams p)
 
 const char* StepParams::Validate() const {
   if (logits == nullptr) return "logits is null";
-  if (dtype < kF32 || dtype > kF16) return "dtype is not FLOAT32, BFLOAT16 or FLOAT16";
+  if (dtype != DType::kFloat32 && dtype != DType::kBFloat16 && dtype != DType::kFloat16) return "dtype is not FLOAT32, BFLOAT16 or FLOAT16";
   if (vocab_size < 1) return "vocab_size must be >= 1";
   if (row_stride < vocab_size) return "row_stride is less than vocab_size";
   if (num_jobs < 0 || (num_jobs > 0 && jobs == nullptr)) return "jobs is null";

@@ -19,12 +19,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "sampler/group_transport.h"
 
 namespace samplerd {
 
 class NcclEndpoint {
  public:
-  enum class Progress { kPending, kDone };
+  // The group transport's (one enum: nccl_transport passes it through).
+  using Progress = GroupComm::Progress;
 
   // A new ncclUniqueId (128 bytes). The process calling it hosts the bootstrap: rank 0.
   static absl::StatusOr<std::string> NewUniqueId();

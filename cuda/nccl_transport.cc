@@ -38,7 +38,7 @@ class NcclComm final : public GroupComm {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<Progress> PollJoin() override { return Convert(endpoint_->Poll()); }
+  absl::StatusOr<Progress> PollJoin() override { return endpoint_->Poll(); }
 
   absl::Status StartBroadcast(const int32_t* words, size_t num_words) override {
     if (static_cast<int64_t>(num_words) > GroupPacketWords(config_.max_step_tokens)) {
@@ -60,18 +60,13 @@ class NcclComm final : public GroupComm {
                                 src_rank);
   }
 
-  absl::StatusOr<Progress> PollOps() override { return Convert(endpoint_->Poll()); }
+  absl::StatusOr<Progress> PollOps() override { return endpoint_->Poll(); }
   const void* logits_buffer() const override { return logits_; }
   bool logits_on_device() const override { return true; }
   void Abort() override { endpoint_->Abort(); }
   absl::Status Finalize(absl::Duration timeout) override { return endpoint_->Finalize(timeout); }
 
  private:
-  static absl::StatusOr<Progress> Convert(absl::StatusOr<NcclEndpoint::Progress> p) {
-    if (!p.ok()) return p.status();
-    return *p == NcclEndpoint::Progress::kDone ? Progress::kDone : Progress::kPending;
-  }
-
   std::unique_ptr<NcclEndpoint> endpoint_;
   const GroupConfig config_;
   void* packet_ = nullptr;

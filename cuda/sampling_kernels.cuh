@@ -45,11 +45,11 @@ __device__ __forceinline__ float FromOrderKey(uint32_t k) {
 // term is 1 either way.
 __device__ __forceinline__ float Log2eOverT(float T) { return fmaxf(1.4426950408889634f / T, FLT_MIN); }
 
-__device__ __forceinline__ float LoadLogit(const void* row, LogitsDType dtype, int32_t c) {
+__device__ __forceinline__ float LoadLogit(const void* row, DType dtype, int32_t c) {
   switch (dtype) {
-    case kBF16:
+    case DType::kBFloat16:
       return __bfloat162float(static_cast<const __nv_bfloat16*>(row)[c]);
-    case kF16:
+    case DType::kFloat16:
       return __half2float(static_cast<const __half*>(row)[c]);
     default:
       return static_cast<const float*>(row)[c];
@@ -57,13 +57,13 @@ __device__ __forceinline__ float LoadLogit(const void* row, LogitsDType dtype, i
 }
 
 // Eight bf16 / fp16 logits from one 16-byte load, in memory order.
-__device__ __forceinline__ void Unpack16(const uint4& v, LogitsDType dtype, float (&out)[8]) {
+__device__ __forceinline__ void Unpack16(const uint4& v, DType dtype, float (&out)[8]) {
   const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
   for (int w = 0; w < 4; ++w) {
     const uint16_t lo16 = static_cast<uint16_t>(words[w] & 0xFFFFu);
     const uint16_t hi16 = static_cast<uint16_t>(words[w] >> 16);
-    if (dtype == kBF16) {
+    if (dtype == DType::kBFloat16) {
       out[2 * w] = __uint_as_float(static_cast<uint32_t>(lo16) << 16);
       out[2 * w + 1] = __uint_as_float(static_cast<uint32_t>(hi16) << 16);
     } else {

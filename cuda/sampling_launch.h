@@ -24,6 +24,9 @@
 
 #include <cstdint>
 
+#include "sampler/dtype_enum.h"
+#include "sampler/spec_rules.h"
+
 namespace samplerd {
 namespace cuda {
 
@@ -62,17 +65,12 @@ struct RowJob {
   int32_t update_end;
 };
 
-// The updates of one token of one job's row (SPEC 3 steps 2b-d and 3): the host's
-// sampler/token_updates.h entry with its request's penalties, applied by UpdateToken.
-enum RowUpdateFlags : int32_t { kUpdateBan = 1, kUpdateBias = 2, kUpdatePenalize = 4 };
+// The updates of one token of one job's row (SPEC 3 steps 2b-d and 3): the host's merged
+// entry (sampler/spec_rules.h's TokenUpdate) with its request's penalties, applied by
+// UpdateToken as on the CPU.
 struct RowUpdate {
-  int32_t token;
-  int32_t flags;            // RowUpdateFlags
-  float bias;               // kUpdateBias
-  int32_t count;            // occurrences in the output history (kUpdatePenalize)
-  float repetition;         // 1 = none
-  float presence;
-  float frequency;
+  TokenUpdate update;
+  PenaltySettings penalties;
 };
 
 // RowResult::status bits. A row may carry more than one; the host reports them in SPEC 3's
@@ -95,13 +93,11 @@ struct RowResult {
   float top_logprobs[kMaxTopLogprobs];
 };
 
-enum LogitsDType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
-
 // Parameters of one step's launches.
 struct StepParams {
   // in: the step's logits, device memory, [rows, >= V] with row_stride elements a row.
   const void* logits = nullptr;
-  LogitsDType dtype = kF32;
+  DType dtype = DType::kFloat32;
   int64_t row_stride = 0;
   int32_t vocab_size = 0;          // V (columns >= V are padding)
   // in: jobs [num_jobs] and token updates [num_updates], device memory.

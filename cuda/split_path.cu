@@ -197,7 +197,7 @@ static __device__ __noinline__ void SplitFinishRow(const StepParams& p, int spli
   }
   if (row_flat) {
     // A flat row: x into the workspace (steps 1-3 again), then the general algorithm.
-    const int elem = p.dtype == kF32 ? 4 : 2;
+    const int elem = p.dtype == DType::kFloat32 ? 4 : 2;
     const char* row = static_cast<const char*>(p.logits) +
                       static_cast<int64_t>(job.logits_row) * p.row_stride * elem;
     float* x = p.workspace + static_cast<int64_t>(j) * V;
@@ -398,7 +398,7 @@ struct SplitItem {
     j = p.split_jobs[split_index];
     lo = chunk * kSplitChunk;
     n = min(p.vocab_size, lo + kSplitChunk) - lo;
-    const int elem = p.dtype == kF32 ? 4 : 2;
+    const int elem = p.dtype == DType::kFloat32 ? 4 : 2;
     row = static_cast<const char*>(p.logits) +
           static_cast<int64_t>(p.jobs[j].logits_row) * p.row_stride * elem;
     slot = static_cast<int64_t>(split_index) * chunks + chunk;
@@ -667,7 +667,7 @@ LaunchConfig SplitRowsConfig(const StepParams& params) {
 cudaError_t LaunchSplitRows(const StepParams& params, cudaStream_t stream) {
   if (params.num_split == 0) return cudaSuccess;
   const LaunchConfig config = SplitRowsConfig(params);
-  if (params.dtype == kF32) {
+  if (params.dtype == DType::kFloat32) {
     detail::SplitRowKernel<4><<<config.grid, config.block, 0, stream>>>(params);
   } else {
     detail::SplitRowKernel<8><<<config.grid, config.block, 0, stream>>>(params);

@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "sampler/dtype_enum.h"
 
 namespace samplerd {
 
-enum class DType { kFloat32, kBFloat16, kFloat16 };
 enum class StepKind { kPrefill, kDecode, kDraft };
 
 // Bytes per element of `dtype`.

@@ -1,7 +1,7 @@
 // Device code, private to cuda/: the row prologue every path shares (SPEC 3 steps 1-3 and the
-// row's faults): penalties on one token, the float32-range checks of the temperature, the row
-// status, loading a chunk of a row (padding, NaN, grammar mask, penalties), and the
-// benchmarks' stage stamps (stage_probe.h).
+// row's faults): the float32-range checks of the temperature, the row status, loading a chunk
+// of a row (padding, NaN, grammar mask, the token updates by spec_rules.h's UpdateToken), and
+// the benchmarks' stage stamps (stage_probe.h).
 #ifndef SAMPLERD_CUDA_KERNELS_ROW_PROLOGUE_CUH_
 #define SAMPLERD_CUDA_KERNELS_ROW_PROLOGUE_CUH_
 
@@ -11,13 +11,6 @@
 namespace samplerd {
 namespace cuda {
 namespace detail {
-
-// SPEC 3 steps 2b-d and 3 on one token: sampler/spec_rules.h's UpdateToken, as on the CPU.
-__device__ __forceinline__ float ApplyRowUpdate(float v, const RowUpdate& u, bool* left_range) {
-  return UpdateToken(v, (u.flags & kUpdateBan) != 0, (u.flags & kUpdateBias) != 0, u.bias,
-                     (u.flags & kUpdatePenalize) != 0, u.repetition, u.presence, u.frequency,
-                     u.count, left_range);
-}
 
 // The temperature step on a row whose finite values of x lie in [x_min, x_max]: division by
 // T > 0 is monotone, so some finite x / T overflows iff an extreme one does. x_min = +inf and
@@ -128,9 +121,10 @@ static __device__ bool ApplyChunkUpdates(const StepParams& p, const RowJob& job,
   bool touched = false;
   for (int k = job.update_begin + threadIdx.x; k < job.update_end; k += blockDim.x) {
     const RowUpdate u = p.updates[k];
-    if (u.token < lo || u.token >= lo + n) continue;
+    const int32_t t = u.update.token;
+    if (t < lo || t >= lo + n) continue;
     bool left_range = false;
-    xs[u.token - lo] = ApplyRowUpdate(xs[u.token - lo], u, &left_range);
+    xs[t - lo] = UpdateToken(xs[t - lo], u.update, u.penalties, &left_range);
     if (left_range) stats->bad |= kRowOverflow;
     touched = true;
   }
@@ -149,7 +143,7 @@ static __device__ void LoadChunk(const StepParams& p, const RowJob& job, const c
   // 16-byte loads, and 16-byte stores into xs: four scalar stores a thread would hit the same
   // shared-memory banks four ways.
   const bool xs_aligned = reinterpret_cast<uintptr_t>(xs) % 16 == 0;
-  const bool vector_f32 = p.dtype == kF32 && xs_aligned &&
+  const bool vector_f32 = p.dtype == DType::kFloat32 && xs_aligned &&
                           (reinterpret_cast<uintptr_t>(row) % 16 == 0) && (lo % 4 == 0);
   if (vector_f32) {
     const float4* src = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(row) + lo);
@@ -164,7 +158,7 @@ static __device__ void LoadChunk(const StepParams& p, const RowJob& job, const c
     for (int i = 4 * n4 + threadIdx.x; i < n; i += blockDim.x) {
       xs[i] = admitted(i, reinterpret_cast<const float*>(row)[lo + i]);
     }
-  } else if (p.dtype != kF32 && xs_aligned && (reinterpret_cast<uintptr_t>(row) % 16 == 0) &&
+  } else if (p.dtype != DType::kFloat32 && xs_aligned && (reinterpret_cast<uintptr_t>(row) % 16 == 0) &&
              (lo % 8 == 0)) {
     // 16-byte loads of eight bf16 / fp16 values.
     const uint4* src = reinterpret_cast<const uint4*>(row + 2 * static_cast<int64_t>(lo));

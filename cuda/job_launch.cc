@@ -1,0 +1,199 @@
+#include "cuda/job_launch.h"
+
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "cuda/cuda_status.h"
+#include "sampler/status_macros.h"
+
+namespace samplerd {
+namespace cuda {
+namespace {
+
+std::string DimText(const dim3& d) { return absl::StrCat(d.x, "x", d.y, "x", d.z); }
+
+// What a failed launch was: every launch of the step's path with its grid, block and dynamic
+// shared memory, the lane, and the step's shapes (issue 25 asks for it in the log; the service
+// logs the step's error).
+std::string DescribeLaunch(const StepParams& params, bool fused_fits, const Lane& lane,
+                           const Step& step, int masks, int q_rows) {
+  std::vector<LaunchConfig> configs;
+  if (fused_fits) {
+    configs = {SplitRowsConfig(params), FusedRowsConfig(params)};
+  } else {
+    configs = {PrepareRowsConfig(params), RowUpdatesConfig(params), SampleRowsConfig(params)};
+  }
+  std::string out = absl::StrCat("launch on lane ", lane.index, ":");
+  for (const LaunchConfig& c : configs) {
+    absl::StrAppend(&out, " ", c.kernel, " grid ", DimText(c.grid), " block ", DimText(c.block),
+                    " smem ", c.dynamic_smem, " B;");
+  }
+  absl::StrAppend(&out, " step ", StepKindName(step.kind), " vocab_size ", params.vocab_size,
+                  " logits [", step.logits.rows, ", ", step.logits.cols, "] row_stride ",
+                  params.row_stride, " ", DTypeName(step.logits.dtype),
+                  step.logits.on_device ? " (device)" : " (host)", ", jobs ", params.num_jobs,
+                  " (split ", params.num_split, ", fused ", params.num_fused, "), updates ",
+                  params.num_updates, ", masks ", masks, ", host q rows ", q_rows,
+                  ", force_top_n ", step.force_top_n);
+  return out;
+}
+
+}  // namespace
+
+absl::Status LaunchJobs(Lane& lane, const Step& step, const LogitsView& device_logits,
+                        StepJobs& step_jobs, size_t begin, size_t end, const LaunchOptions& options,
+                        std::vector<RowResult>& results, float* kernel_us) {
+  std::vector<HostJob>& jobs = step_jobs.jobs;
+  const int32_t V = step.vocab_size;
+  const int n = static_cast<int>(end - begin);
+  const size_t mask_bytes = 4 * ((static_cast<size_t>(V) + 31) / 32);
+  int masks = 0, verifies = 0;  // verifies: q rows uploaded from the host
+  std::vector<RowUpdate>& updates = lane.updates;  // every job's updates, job after job
+  updates.clear();
+  for (size_t i = begin; i < end; ++i) {
+    HostJob& h = jobs[i];
+    masks += h.mask != nullptr;
+    verifies += h.q_host >= 0;
+    h.job.update_begin = static_cast<int32_t>(updates.size());
+    updates.insert(updates.end(), h.updates.begin(), h.updates.end());
+    h.job.update_end = static_cast<int32_t>(updates.size());
+  }
+
+  // The input block's layout, the same in pinned staging and on the device. The sizes are
+  // bounded by the step's limits (rows, V, token lists), far from overflowing size_t.
+  const size_t job_bytes = n * sizeof(RowJob);
+  const size_t list_bytes = n * sizeof(int32_t);  // split_jobs, then fused_jobs
+  const size_t update_bytes = updates.size() * sizeof(RowUpdate);
+  const size_t q_bytes = static_cast<size_t>(verifies) * V * sizeof(float);
+  const size_t result_bytes = n * sizeof(RowResult);
+  const size_t at_lists = Align256(job_bytes);
+  const size_t at_updates = at_lists + Align256(list_bytes);
+  const size_t at_masks = at_updates + Align256(update_bytes);
+  const size_t at_q = at_masks + Align256(masks * mask_bytes);
+  const size_t at_results = at_q + Align256(q_bytes);
+  const size_t at_row_max = at_results + Align256(result_bytes);
+  const size_t block_bytes = at_row_max + Align256(n * sizeof(unsigned int));
+  RETURN_IF_ERROR(lane.staging.Reserve(block_bytes));
+  RETURN_IF_ERROR(lane.inputs_d.Reserve(block_bytes));
+  RETURN_IF_ERROR(lane.workspace.Reserve(StepParams::WorkspaceBytes(n, V)));
+  char* stage = lane.staging.as<char>();
+  char* device = lane.inputs_d.as<char>();
+  auto* job_stage = reinterpret_cast<RowJob*>(stage);
+  auto* list_stage = reinterpret_cast<int32_t*>(stage + at_lists);
+  if (update_bytes > 0) std::memcpy(stage + at_updates, updates.data(), update_bytes);
+  // Results start zeroed (no status bits) and the row maxima at the smallest order key.
+  std::memset(stage + at_results, 0, block_bytes - at_results);
+  int m = 0, qv = 0;
+  for (int k = 0; k < n; ++k) {
+    HostJob& h = jobs[begin + k];
+    RowJob job = h.job;
+    job.mask = nullptr;
+    job.q_dense = nullptr;
+    job.pool_out = nullptr;
+    if (h.mask != nullptr) {
+      std::memcpy(stage + at_masks + m * mask_bytes, h.mask, mask_bytes);
+      job.mask = reinterpret_cast<const unsigned char*>(device + at_masks + m * mask_bytes);
+      ++m;
+    }
+    if (h.q_device != nullptr) {
+      job.q_dense = h.q_device;
+    } else if (h.q_host >= 0) {
+      const size_t at = at_q + static_cast<size_t>(qv) * V * sizeof(float);
+      std::memcpy(stage + at, step_jobs.q_rows[h.q_host].data(), V * sizeof(float));
+      job.q_dense = reinterpret_cast<const float*>(device + at);
+      ++qv;
+    }
+    // A DRAFT row whose device range could not be had (its request has failed) writes nothing.
+    if (h.pool_row != nullptr) job.pool_out = const_cast<float*>(h.pool_row->data);
+    job_stage[k] = job;
+  }
+  // Each job's path from its own parameters (never from the batch): split, else fused.
+  const bool fused_fits = FusedPathFits(V);
+  const bool split_on = fused_fits && options.split_path;
+  int num_split = 0;
+  for (int k = 0; k < n; ++k) {
+    if (split_on && SplitPathEligible(job_stage[k], V)) list_stage[num_split++] = k;
+  }
+  int num_fused = num_split;
+  for (int k = 0; k < n; ++k) {
+    if (!(split_on && SplitPathEligible(job_stage[k], V))) list_stage[num_fused++] = k;
+  }
+  num_fused -= num_split;
+  RETURN_IF_ERROR(lane.split_d.Reserve(SplitScratchBytes(num_split, V)));
+  if (num_split > lane.split_arrival_slots) {
+    RETURN_IF_ERROR(lane.split_arrivals_d.Reserve(num_split * sizeof(unsigned int)));
+    SAMPLERD_CUDA_RETURN(cudaMemsetAsync(lane.split_arrivals_d.as<void>(), 0,
+                                         num_split * sizeof(unsigned int), lane.stream));
+    lane.split_arrival_slots = num_split;
+  }
+  // Everything the launches read, in one copy.
+  SAMPLERD_CUDA_RETURN(
+      cudaMemcpyAsync(device, stage, block_bytes, cudaMemcpyHostToDevice, lane.stream));
+
+  StepParams params;
+  params.logits = device_logits.data;
+  params.dtype = device_logits.dtype;
+  params.row_stride = device_logits.row_stride;
+  params.vocab_size = V;
+  params.jobs = reinterpret_cast<const RowJob*>(device);
+  params.num_jobs = n;
+  params.updates = reinterpret_cast<const RowUpdate*>(device + at_updates);
+  params.num_updates = static_cast<int32_t>(updates.size());
+  params.workspace = lane.workspace.as<float>();
+  params.row_max = reinterpret_cast<unsigned int*>(device + at_row_max);
+  params.results = reinterpret_cast<RowResult*>(device + at_results);
+  if (fused_fits) {
+    const auto* lists = reinterpret_cast<const int32_t*>(device + at_lists);
+    params.split_jobs = lists;
+    params.num_split = num_split;
+    params.split_scratch = lane.split_d.as<void>();
+    params.split_arrivals = lane.split_arrivals_d.as<unsigned int>();
+    params.fused_jobs = lists + num_split;
+    params.num_fused = num_fused;
+  }
+  if (const char* invalid = params.Validate(); invalid != nullptr) {
+    return absl::InternalError(absl::StrCat("cuda step params: ", invalid));
+  }
+  if (options.probe != nullptr) RETURN_IF_ERROR(options.probe->BeforeLaunch(lane.stream));
+  SAMPLERD_CUDA_RETURN(cudaEventRecord(lane.start, lane.stream));
+  absl::Status launched = [&]() -> absl::Status {
+    if (options.inject_failure) {
+      // Tests only: a real CUDA error (an invalid argument, as issue 25's failed launch had)
+      // where the launches are, after this launch's inputs were queued on the stream.
+      SAMPLERD_CUDA_RETURN(cudaMemsetAsync(nullptr, 0, 16, lane.stream));
+    }
+    if (fused_fits) {
+      // Rows with a small top-k: independent blocks over chunks of each row, the last of which
+      // finishes the row. The rest: one read of each row by a cluster of blocks, which also runs
+      // the general algorithm for the rows its candidates cannot finish.
+      SAMPLERD_CUDA_RETURN(LaunchSplitRows(params, lane.stream));
+      SAMPLERD_CUDA_RETURN(LaunchFusedRows(params, lane.stream));
+    } else {
+      SAMPLERD_CUDA_RETURN(LaunchPrepareRows(params, lane.stream));
+      SAMPLERD_CUDA_RETURN(LaunchRowUpdates(params, lane.stream));
+      SAMPLERD_CUDA_RETURN(LaunchSampleRows(params, lane.stream));
+    }
+    return absl::OkStatus();
+  }();
+  if (!launched.ok()) {
+    return absl::Status(launched.code(),
+                        absl::StrCat(launched.message(), "; ",
+                                     DescribeLaunch(params, fused_fits, lane, step, masks, verifies)));
+  }
+  SAMPLERD_CUDA_RETURN(cudaEventRecord(lane.stop, lane.stream));
+  // The results come back into the staging block they were zeroed in: pinned, read once below.
+  SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(stage + at_results, device + at_results, result_bytes,
+                                       cudaMemcpyDeviceToHost, lane.stream));
+  SAMPLERD_CUDA_RETURN(cudaStreamSynchronize(lane.stream));  // this stream only, never the device
+  if (options.probe != nullptr) RETURN_IF_ERROR(options.probe->AfterStep(num_split > 0));
+  float ms = 0.0f;
+  SAMPLERD_CUDA_RETURN(cudaEventElapsedTime(&ms, lane.start, lane.stop));
+  *kernel_us += ms * 1000.0f;
+  const auto* r = reinterpret_cast<const RowResult*>(stage + at_results);
+  results.insert(results.end(), r, r + n);
+  return absl::OkStatus();
+}
+
+}  // namespace cuda
+}  // namespace samplerd

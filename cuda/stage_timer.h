@@ -1,0 +1,45 @@
+// Benchmarks only: the kernels' stage times of a step, from the instrumented kernel archive
+// (-DSAMPLERD_STAGE_PROBE; //cuda:stage_timer links it, with //cuda:cuda_backend_probed). A
+// LaunchProbe the benchmark sets on the backend; the production backend never has one.
+//
+//   auto timer = std::make_shared<cuda::StageTimer>();
+//   gpu->set_launch_probe(timer);
+//   gpu->Sample(plan);
+//   for (double us : timer->last_stage_us()) ...;   // since the first kernel's start
+#ifndef SAMPLERD_CUDA_STAGE_TIMER_H_
+#define SAMPLERD_CUDA_STAGE_TIMER_H_
+
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "cuda/device_buffer.h"
+#include "cuda/launch_probe.h"
+
+namespace samplerd {
+namespace cuda {
+
+class StageTimer final : public LaunchProbe {
+ public:
+  // `flags`: cuda::StageProbe::flags (stage-skipping timing experiments; results then wrong).
+  explicit StageTimer(int flags = 0) : flags_(flags) {}
+  ~StageTimer() override;
+
+  absl::Status BeforeLaunch(cudaStream_t stream) override;
+  absl::Status AfterStep(bool split_ran) override;
+
+  // The last step's stage boundaries in microseconds since its first kernel's start (-1: a
+  // stage that did not run): the split path's when it ran, else the fused path's.
+  std::vector<double> last_stage_us() const;
+
+ private:
+  static constexpr int kEntries = 18;  // StageProbe::stage_times: fused [0, 9), split [9, 18)
+  const int flags_;
+  DeviceBuffer stamps_;  // one step at a time (benchmarks run one lane)
+  mutable absl::Mutex mu_;
+  std::vector<double> stage_us_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace cuda
+}  // namespace samplerd
+
+#endif  // SAMPLERD_CUDA_STAGE_TIMER_H_
