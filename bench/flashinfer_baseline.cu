@@ -28,14 +28,7 @@
 #include "flashinfer/sampling.cuh"
 #include "flashinfer/topk.cuh"
 
-#define CHECK(call)                                                                \
-  do {                                                                             \
-    cudaError_t e = (call);                                                        \
-    if (e != cudaSuccess) {                                                        \
-      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e));              \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
+#include "cuda/cuda_check.h"
 
 namespace {
 
@@ -77,18 +70,18 @@ struct Run {
 
 template <typename Step>
 double TimeUs(Step step, uint32_t rows, cudaStream_t stream) {
-  for (int i = 0; i < 20; ++i) CHECK(step(i));
-  CHECK(cudaStreamSynchronize(stream));
+  for (int i = 0; i < 20; ++i) SAMPLERD_CUDA_CHECK(step(i));
+  SAMPLERD_CUDA_CHECK(cudaStreamSynchronize(stream));
   cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
+  SAMPLERD_CUDA_CHECK(cudaEventCreate(&start));
+  SAMPLERD_CUDA_CHECK(cudaEventCreate(&stop));
   const int iters = rows >= 4096 ? 20 : 200;
-  CHECK(cudaEventRecord(start, stream));
-  for (int i = 0; i < iters; ++i) CHECK(step(100 + i));
-  CHECK(cudaEventRecord(stop, stream));
-  CHECK(cudaEventSynchronize(stop));
+  SAMPLERD_CUDA_CHECK(cudaEventRecord(start, stream));
+  for (int i = 0; i < iters; ++i) SAMPLERD_CUDA_CHECK(step(100 + i));
+  SAMPLERD_CUDA_CHECK(cudaEventRecord(stop, stream));
+  SAMPLERD_CUDA_CHECK(cudaEventSynchronize(stop));
   float ms = 0.0f;
-  CHECK(cudaEventElapsedTime(&ms, start, stop));
+  SAMPLERD_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return ms * 1000.0 / iters;
@@ -106,20 +99,20 @@ void RunDType(const char* dtype, const std::vector<float>& all, std::vector<Run>
     bool* valid;
     void *workspace, *row_states;
     const size_t workspace_bytes = size_t{256} << 20, row_states_bytes = size_t{1} << 20;
-    CHECK(cudaMalloc(&logits, n * sizeof(T)));
-    CHECK(cudaMalloc(&probs, n * 4));
-    CHECK(cudaMalloc(&values, size_t{rows} * kTopK * sizeof(T)));
-    CHECK(cudaMalloc(&probs_k, size_t{rows} * kTopK * 4));
-    CHECK(cudaMalloc(&indices, size_t{rows} * kTopK * 4));
-    CHECK(cudaMalloc(&local, rows * 4));
-    CHECK(cudaMalloc(&out, rows * 4));
-    CHECK(cudaMalloc(&valid, rows));
-    CHECK(cudaMalloc(&workspace, workspace_bytes));
-    CHECK(cudaMalloc(&row_states, row_states_bytes));
-    CHECK(cudaMemset(row_states, 0, row_states_bytes));  // as flashinfer's _get_row_states_buffer
-    CHECK(cudaMemcpy(logits, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    SAMPLERD_CUDA_CHECK(cudaMalloc(&logits, n * sizeof(T)));
+    SAMPLERD_CUDA_CHECK(cudaMalloc(&probs, n * 4));
+    SAMPLERD_CUDA_CHECK(cudaMalloc(&values, size_t{rows} * kTopK * sizeof(T)));
+    SAMPLERD_CUDA_CHECK(cudaMalloc(&probs_k, size_t{rows} * kTopK * 4));
+    SAMPLERD_CUDA_CHECK(cudaMalloc(&indices, size_t{rows} * kTopK * 4));
+    SAMPLERD_CUDA_CHECK(cudaMalloc(&local, rows * 4));
+    SAMPLERD_CUDA_CHECK(cudaMalloc(&out, rows * 4));
+    SAMPLERD_CUDA_CHECK(cudaMalloc(&valid, rows));
+    SAMPLERD_CUDA_CHECK(cudaMalloc(&workspace, workspace_bytes));
+    SAMPLERD_CUDA_CHECK(cudaMalloc(&row_states, row_states_bytes));
+    SAMPLERD_CUDA_CHECK(cudaMemset(row_states, 0, row_states_bytes));  // as flashinfer's _get_row_states_buffer
+    SAMPLERD_CUDA_CHECK(cudaMemcpy(logits, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
     cudaStream_t stream;
-    CHECK(cudaStreamCreate(&stream));
+    SAMPLERD_CUDA_CHECK(cudaStreamCreate(&stream));
     auto topk_first = [&](uint64_t offset) {
       cudaError_t e = flashinfer::sampling::TopKDispatch<T, int32_t>(
           logits, indices, values, rows, kTopK, kVocab,

@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 
 #include "cuda/cuda_backend.h"
+#include "cuda/cuda_check.h"
 #include "cuda/stage_timer.h"
 #include "sampler/dtype.h"
 #include "bench/bench_params.h"
@@ -31,21 +32,12 @@ namespace {
 
 constexpr int32_t kVocab = kBenchVocab;
 
-#define CHECK_CUDA(call)                                                          \
-  do {                                                                            \
-    cudaError_t e = (call);                                                       \
-    if (e != cudaSuccess) {                                                       \
-      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e));             \
-      std::exit(1);                                                               \
-    }                                                                             \
-  } while (0)
-
 double CopyBandwidth() {
   const size_t bytes = size_t{2} << 30;
   void *a, *b;
-  CHECK_CUDA(cudaMalloc(&a, bytes));
-  CHECK_CUDA(cudaMalloc(&b, bytes));
-  CHECK_CUDA(cudaMemset(a, 1, bytes));
+  SAMPLERD_CUDA_CHECK(cudaMalloc(&a, bytes));
+  SAMPLERD_CUDA_CHECK(cudaMalloc(&b, bytes));
+  SAMPLERD_CUDA_CHECK(cudaMemset(a, 1, bytes));
   cudaEvent_t s, e;
   cudaEventCreate(&s);
   cudaEventCreate(&e);
@@ -181,8 +173,8 @@ int Main(int argc, char** argv) {
     }
     const size_t bytes = static_cast<size_t>(c.rows) * kVocab * elem;
     void* device;
-    CHECK_CUDA(cudaMalloc(&device, bytes));
-    CHECK_CUDA(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
+    SAMPLERD_CUDA_CHECK(cudaMalloc(&device, bytes));
+    SAMPLERD_CUDA_CHECK(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
     Step step = MakeStep(c.kind, logits, kVocab);
     step.logits.data = device;
     step.logits.on_device = true;

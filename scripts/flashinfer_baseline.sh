@@ -15,6 +15,6 @@ if [[ ! -d $cache/flashinfer/data/include ]]; then
 fi
 mkdir -p "$out"
 /usr/local/cuda/bin/nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a \
-  --expt-relaxed-constexpr -I "$cache/flashinfer/data/include" \
+  --expt-relaxed-constexpr -I . -I "$cache/flashinfer/data/include" \
   bench/flashinfer_baseline.cu -o "$out/flashinfer_baseline"
 echo "flashinfer_baseline: built against flashinfer-python $version"

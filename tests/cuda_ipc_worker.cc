@@ -18,6 +18,7 @@
 
 #include "absl/strings/match.h"
 #include "client/sampler_client.h"
+#include "cuda/cuda_check.h"
 #include "tests/in_process.h"
 
 namespace samplerd {
@@ -25,15 +26,6 @@ namespace {
 
 constexpr int kRows = 8;
 constexpr int kVocab = 32000;
-
-#define CHECK_CUDA(call)                                                  \
-  do {                                                                    \
-    const cudaError_t e = (call);                                         \
-    if (e != cudaSuccess) {                                               \
-      std::cerr << #call << ": " << cudaGetErrorString(e) << "\n";        \
-      return 1;                                                           \
-    }                                                                     \
-  } while (0)
 
 v1::SampleRequest Step(uint64_t id) {
   v1::SampleRequest request;
@@ -106,16 +98,16 @@ int Main(int argc, char** argv) {
   void* device = nullptr;
   cudaStream_t stream;
   cudaEvent_t ready;
-  CHECK_CUDA(cudaSetDevice(0));
-  CHECK_CUDA(cudaMalloc(&device, bytes));
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  CHECK_CUDA(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming | cudaEventInterprocess));
-  CHECK_CUDA(cudaMemcpyAsync(device, host.data(), bytes, cudaMemcpyHostToDevice, stream));
-  CHECK_CUDA(cudaEventRecord(ready, stream));
+  SAMPLERD_CUDA_CHECK(cudaSetDevice(0));
+  SAMPLERD_CUDA_CHECK(cudaMalloc(&device, bytes));
+  SAMPLERD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  SAMPLERD_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming | cudaEventInterprocess));
+  SAMPLERD_CUDA_CHECK(cudaMemcpyAsync(device, host.data(), bytes, cudaMemcpyHostToDevice, stream));
+  SAMPLERD_CUDA_CHECK(cudaEventRecord(ready, stream));
   cudaIpcMemHandle_t mem_handle;
   cudaIpcEventHandle_t event_handle;
-  CHECK_CUDA(cudaIpcGetMemHandle(&mem_handle, device));
-  CHECK_CUDA(cudaIpcGetEventHandle(&event_handle, ready));
+  SAMPLERD_CUDA_CHECK(cudaIpcGetMemHandle(&mem_handle, device));
+  SAMPLERD_CUDA_CHECK(cudaIpcGetEventHandle(&event_handle, ready));
   const std::string mem_bytes(reinterpret_cast<const char*>(&mem_handle), sizeof(mem_handle));
   const std::string event_bytes(reinterpret_cast<const char*>(&event_handle), sizeof(event_handle));
 

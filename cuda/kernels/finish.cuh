@@ -11,6 +11,45 @@ namespace samplerd {
 namespace cuda {
 namespace detail {
 
+// SPEC 5-6's choice of a sampled row's token, the one skeleton both ways of finishing a row
+// (from candidates, and the general algorithm's selections over the whole row) fill in:
+// a golden token is taken (accepted when it is the verified draft); a verified draft is
+// accepted when U < p(d) / q(d), else replaced from the residual; otherwise a fresh draw.
+// `p_of(d)`: the target's processed probability of token d (0 when d is -1 or not kept);
+// `replace(u)` and `draw(u)`: the token for the uniform u. Block-uniform: every thread calls
+// it, and the callbacks may synchronize.
+template <typename POf, typename Replace, typename Draw>
+__device__ __forceinline__ int ChooseToken(const RowJob& job, POf p_of, Replace replace,
+                                           Draw draw, int* accepted) {
+  if (job.kind == kRowVerify && job.golden < 0) {
+    const int d = job.draft_token;
+    const double p_d = p_of(d);
+    const double q_d = d >= 0 ? exp(static_cast<double>(job.q_dense[d])) : 0.0;
+    const double u = UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kAcceptReject));
+    *accepted = AcceptDraft(d, u, p_d, q_d);
+    if (*accepted) return d;
+    return replace(UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kReplacement)));
+  }
+  if (job.golden >= 0) {
+    *accepted = job.kind == kRowVerify && job.draft_token == job.golden;
+    return job.golden;
+  }
+  return draw(UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kFresh)));
+}
+
+// A row's scalar outputs (the top logprobs and pool row are written where they are computed).
+__device__ __forceinline__ void WriteRowOutputs(RowResult& out, int token, int accepted,
+                                                float logprob, float sum_smaller,
+                                                float prompt_lp) {
+  if (threadIdx.x == 0) {
+    out.token = token;
+    out.accepted = accepted;
+    out.logprob = logprob;
+    out.sum_smaller = sum_smaller;
+    out.prompt_logprob = prompt_lp;
+  }
+}
+
 // The rest of SPEC 3 and all of SPEC 5-7 for a row whose kept set (and top logprobs) lie in
 // the candidates sh.cand_id/cand_s [0, n_cand), a prefix of the order: sort (unless `sorted`:
 // the caller placed them in order), top-p (over the full Z), top-k, min-p, log_softmax, then
@@ -71,51 +110,42 @@ static __device__ void FinishCandidates(Shared& sh, const RowJob& job, RowResult
     const int i = index_of(job.target);
     prompt_lp = i >= 0 ? lp_at(i) : kNegInf;
   } else {
-    if (job.kind == kRowVerify && job.golden < 0) {
-      const int d = job.draft_token;
+    auto p_of = [&](int d) {
       const int i = d >= 0 ? index_of(d) : -1;
-      const double p_d = i >= 0 ? static_cast<double>(expf(sh.cand_s[i] - M)) / Zk : 0.0;
-      const double q_d = d >= 0 ? exp(static_cast<double>(job.q_dense[d])) : 0.0;
-      const double u = UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kAcceptReject));
-      accepted = AcceptDraft(d, u, p_d, q_d);
-      if (accepted) {
-        token = d;
-      } else {
-        // Residual max(0, p - q) over the kept set, in the order (residual desc, id asc).
-        auto residual = [&](int i) {
-          const double r = static_cast<double>(expf(sh.cand_s[i] - M)) / Zk -
-                           exp(static_cast<double>(job.q_dense[sh.cand_id[i]]));
-          return r > 0.0 ? r : 0.0;
-        };
-        // Sorted by the float64 residual itself (sh.cum until PrefixSums overwrites it).
-        for (int i = threadIdx.x; i < kept; i += blockDim.x) {
-          const double r = residual(i);
-          sh.cum[i] = r > 0.0 ? r : -INFINITY;
-        }
-        __syncthreads();
-        SortCandidatesBy(sh, kept, sh.cum);
-        int positive = 0;
-        for (int i = threadIdx.x; i < kept; i += blockDim.x) positive += sh.cum[i] != -INFINITY;
-        positive = BlockReduce(positive, SumOp(), sh.scratch_i);
-        const double u_r = UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kReplacement));
-        if (positive > 0) {
-          const double total = PrefixSums(sh, positive, residual);
-          token = sh.cand_id[FirstExceeding(sh, positive, u_r * total)];
-        }
-        // Back to the target's order for the outputs (and for a draw from p).
-        for (int i = threadIdx.x; i < kept; i += blockDim.x) sh.cand_key[i] = sh.cand_s[i];
-        __syncthreads();
-        SortCandidates(sh, kept);
-        PrefixSums(sh, kept, [&](int i) { return static_cast<double>(expf(sh.cand_s[i] - M)); });
-        if (positive == 0) token = sh.cand_id[FirstExceeding(sh, kept, u_r * Zk)];
+      return i >= 0 ? static_cast<double>(expf(sh.cand_s[i] - M)) / Zk : 0.0;
+    };
+    auto replace = [&](double u_r) {
+      // Residual max(0, p - q) over the kept set, in the order (residual desc, id asc).
+      auto residual = [&](int i) {
+        const double r = static_cast<double>(expf(sh.cand_s[i] - M)) / Zk -
+                         exp(static_cast<double>(job.q_dense[sh.cand_id[i]]));
+        return r > 0.0 ? r : 0.0;
+      };
+      // Sorted by the float64 residual itself (sh.cum until PrefixSums overwrites it).
+      for (int i = threadIdx.x; i < kept; i += blockDim.x) {
+        const double r = residual(i);
+        sh.cum[i] = r > 0.0 ? r : -INFINITY;
       }
-    } else if (job.golden >= 0) {
-      token = job.golden;
-      accepted = job.kind == kRowVerify && job.draft_token == job.golden;
-    } else {
-      const double u = UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kFresh));
-      token = sh.cand_id[FirstExceeding(sh, kept, u * Zk)];
-    }
+      __syncthreads();
+      SortCandidatesBy(sh, kept, sh.cum);
+      int positive = 0;
+      for (int i = threadIdx.x; i < kept; i += blockDim.x) positive += sh.cum[i] != -INFINITY;
+      positive = BlockReduce(positive, SumOp(), sh.scratch_i);
+      int replacement = -1;
+      if (positive > 0) {
+        const double total = PrefixSums(sh, positive, residual);
+        replacement = sh.cand_id[FirstExceeding(sh, positive, u_r * total)];
+      }
+      // Back to the target's order for the outputs (and for a draw from p).
+      for (int i = threadIdx.x; i < kept; i += blockDim.x) sh.cand_key[i] = sh.cand_s[i];
+      __syncthreads();
+      SortCandidates(sh, kept);
+      PrefixSums(sh, kept, [&](int i) { return static_cast<double>(expf(sh.cand_s[i] - M)); });
+      if (positive == 0) replacement = sh.cand_id[FirstExceeding(sh, kept, u_r * Zk)];
+      return replacement;
+    };
+    auto draw = [&](double u) { return sh.cand_id[FirstExceeding(sh, kept, u * Zk)]; };
+    token = ChooseToken(job, p_of, replace, draw, &accepted);
     const int ti = index_of(token);
     logprob = ti >= 0 ? lp_at(ti) : kNegInf;
     if (job.want_sum_smaller && ti >= 0) {
@@ -137,13 +167,7 @@ static __device__ void FinishCandidates(Shared& sh, const RowJob& job, RowResult
       for (int i = threadIdx.x; i < kept; i += blockDim.x) job.pool_out[sh.cand_id[i]] = lp_at(i);
     }
   }
-  if (threadIdx.x == 0) {
-    out.token = token;
-    out.accepted = accepted;
-    out.logprob = logprob;
-    out.sum_smaller = sum_smaller;
-    out.prompt_logprob = prompt_lp;
-  }
+  WriteRowOutputs(out, token, accepted, logprob, sum_smaller, prompt_lp);
 }
 
 }  // namespace detail

@@ -221,55 +221,46 @@ static __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) 
     if (prompt) {
       prompt_lp = lp_of(job.target);
     } else {
-      if (job.kind == kRowVerify && job.golden < 0) {
-        const int d = job.draft_token;
+      auto p_of = [&](int d) {
         float s_d = kNegInf;
         const bool d_kept = d >= 0 && kept_fn(d, &s_d);
-        const double p_d = d_kept ? static_cast<double>(expf(s_d - M)) / Zk : 0.0;
-        const double q_d = d >= 0 ? exp(static_cast<double>(job.q_dense[d])) : 0.0;
-        accepted = AcceptDraft(
-            d, UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kAcceptReject)), p_d,
-            q_d);
-        if (accepted) {
-          token = d;
-        } else {
-          const double u_r = UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kReplacement));
-          // Ordered by the float64 residual's own bits (a float image would tie residuals that
-          // differ by less than float precision, as selection.cuh's SortCandidatesBy says).
-          auto residual = [&](int c, uint64_t* k) -> unsigned long long {
-            float s;
-            double r = 0.0;
-            if (kept_fn(c, &s)) {
-              r = static_cast<double>(expf(s - M)) / Zk - exp(static_cast<double>(job.q_dense[c]));
-            }
-            *k = r > 0.0 ? static_cast<uint64_t>(__double_as_longlong(r)) : 0ull;  // r >= 0: bits order
-            return r > 0.0 ? ToMass(r) : 0ull;
-          };
-          unsigned long long r_local = 0;
-          for (int c = threadIdx.x; c < V; c += blockDim.x) {
-            uint64_t k;
-            r_local += residual(c, &k);
+        return d_kept ? static_cast<double>(expf(s_d - M)) / Zk : 0.0;
+      };
+      auto replace = [&](double u_r) {
+        // Ordered by the float64 residual's own bits (a float image would tie residuals that
+        // differ by less than float precision, as selection.cuh's SortCandidatesBy says).
+        auto residual = [&](int c, uint64_t* k) -> unsigned long long {
+          float s;
+          double r = 0.0;
+          if (kept_fn(c, &s)) {
+            r = static_cast<double>(expf(s - M)) / Zk - exp(static_cast<double>(job.q_dense[c]));
           }
-          const unsigned long long r_total = BlockReduce(r_local, SumOp(), sh.scratch_u);
-          if (r_total > 0) {
-            RadixSelect<uint64_t>(sh, V, residual,
-                                  static_cast<unsigned long long>(u_r * static_cast<double>(r_total)));
-          } else {
-            RadixSelect(sh, V, kept_mass, static_cast<unsigned long long>(u_r * static_cast<double>(Zk_mass)));
-          }
-          token = sh.sel_id;
-          __syncthreads();
+          *k = r > 0.0 ? static_cast<uint64_t>(__double_as_longlong(r)) : 0ull;  // r >= 0: bits order
+          return r > 0.0 ? ToMass(r) : 0ull;
+        };
+        unsigned long long r_local = 0;
+        for (int c = threadIdx.x; c < V; c += blockDim.x) {
+          uint64_t k;
+          r_local += residual(c, &k);
         }
-      } else if (job.golden >= 0) {
-        token = job.golden;
-        accepted = job.kind == kRowVerify && job.draft_token == job.golden;
-      } else {
-        RadixSelect(sh, V, kept_mass,
-                    static_cast<unsigned long long>(UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kFresh)) *
-                                                    static_cast<double>(Zk_mass)));
-        token = sh.sel_id;
+        const unsigned long long r_total = BlockReduce(r_local, SumOp(), sh.scratch_u);
+        if (r_total > 0) {
+          RadixSelect<uint64_t>(sh, V, residual,
+                                static_cast<unsigned long long>(u_r * static_cast<double>(r_total)));
+        } else {
+          RadixSelect(sh, V, kept_mass, static_cast<unsigned long long>(u_r * static_cast<double>(Zk_mass)));
+        }
+        const int replacement = sh.sel_id;
         __syncthreads();
-      }
+        return replacement;
+      };
+      auto draw = [&](double u) {
+        RadixSelect(sh, V, kept_mass, static_cast<unsigned long long>(u * static_cast<double>(Zk_mass)));
+        const int drawn = sh.sel_id;
+        __syncthreads();
+        return drawn;
+      };
+      token = ChooseToken(job, p_of, replace, draw, &accepted);
       if (token < 0) {
         // Rounding left none: the last kept token.
         RadixSelect(sh, V, kept_mass, Zk_mass - 1);
@@ -310,13 +301,7 @@ static __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) 
       }
     }
   }
-  if (threadIdx.x == 0) {
-    out.token = token;
-    out.accepted = accepted;
-    out.logprob = logprob;
-    out.sum_smaller = sum_smaller;
-    out.prompt_logprob = prompt_lp;
-  }
+  WriteRowOutputs(out, token, accepted, logprob, sum_smaller, prompt_lp);
 }
 
 }  // namespace detail
