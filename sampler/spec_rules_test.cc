@@ -62,13 +62,9 @@ TEST(OrderKey, OrdersAsFloatComparisonWithSignedZerosEqual) {
 TEST(UpdateToken, AppliesBanBiasPenaltiesLateBiasInSpecOrder) {
   const float inf = std::numeric_limits<float>::infinity();
   const PenaltySettings repeat2{2.0f, 0.0f, 0.0f};
+  // {token, flags, bias, count, late_bias}
   auto entry = [](int32_t flags, float bias, float late_bias, int32_t count = 0) {
-    TokenUpdate u;
-    u.flags = flags;
-    u.bias = bias;
-    u.late_bias = late_bias;
-    u.count = count;
-    return u;
+    return TokenUpdate{0, flags, bias, count, late_bias};
   };
   bool left = false;
   // A ban wins over everything else the token carries.

@@ -9,15 +9,10 @@
 namespace samplerd {
 namespace {
 
+// {token, flags, bias, count, late_bias}
 TokenUpdate Entry(int32_t token, int32_t flags, float bias = 0, float late_bias = 0,
                   int32_t count = 0) {
-  TokenUpdate u;
-  u.token = token;
-  u.flags = flags;
-  u.bias = bias;
-  u.late_bias = late_bias;
-  u.count = count;
-  return u;
+  return TokenUpdate{token, flags, bias, count, late_bias};
 }
 
 TEST(MergeTokenUpdates, ComposesPerTokenSortedByToken) {
