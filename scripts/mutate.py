@@ -34,14 +34,15 @@ MUTANTS = [
      "if (before / total_sum_ > limit) {", "if (before / total_sum_ >= limit) {", SAMPLER, 0),
     ("ties-by-higher-id", "sampler/row_kernels.cc",
      "(scores[a] == scores[b] && a < b)", "(scores[a] == scores[b] && a > b)", SAMPLER, 0),
-    # The per-token seam (issue 28): the merge's composition and UpdateToken's -inf rule.
+    # The per-token seam (issue 28): the merge's composition, and a bias that leaves float32.
     ("merge-bias-last-wins", "sampler/token_updates.cc",
      "into.bias = (into.flags & kUpdateBias) ? into.bias + u.bias : u.bias;",
      "into.bias = u.bias;", SAMPLER, 0),
     ("merge-drops-ban", "sampler/token_updates.cc",
      "into.flags |= u.flags;", "into.flags |= (u.flags & ~kUpdateBan);", SAMPLER, 0),
-    ("bias-revives-inf", "sampler/spec_rules.h",
-     "if (!IsFiniteFloat(x)) return x;", "", SAMPLER, 0),
+    ("bias-overflow-unflagged", "sampler/spec_rules.h",
+     "  const float y = x + add;\n  *left_range = *left_range || LeftFloatRange(x, y);",
+     "  const float y = x + add;", SAMPLER, 0),
     ("drop-presence-penalty", "sampler/spec_rules.h",
      "x = x - (presence + frequency * static_cast<float>(count));",
      "x = x - (frequency * static_cast<float>(count));", SAMPLER, 0),
