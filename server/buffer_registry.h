@@ -37,6 +37,8 @@ class BufferRegistry final : public LogitsSourceResolver {
   explicit BufferRegistry(const BufferRegistryOptions& options);
   BufferRegistry(const BufferRegistry&) = delete;
   BufferRegistry& operator=(const BufferRegistry&) = delete;
+  // How HOST_SHM objects are opened (allowed owners): step channels open theirs alike.
+  const ShmOpenOptions& shm_options() const { return shm_options_; }
 
   // Errors: INVALID_ARGUMENT (empty name, bad kind, bad handle or size), ALREADY_EXISTS,
   // NOT_FOUND (no such shm object), PERMISSION_DENIED (an shm object no allowed uid owns),

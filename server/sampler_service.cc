@@ -155,6 +155,9 @@ SamplerService::SamplerService(Backend& backend, BufferRegistry& registry, Group
         for (const std::string& owner : leases_.TakeExpired(absl::Now())) {
           ReleaseOwner(owner, "lease_expired");
         }
+        if (const int closed = DropChannels(""); closed > 0) {
+          spdlog::info("dropped {} closed step channels", closed);
+        }
         reaper_mu_.Lock();
       }
     });
@@ -167,9 +170,36 @@ SamplerService::~SamplerService() {
     reaper_stop_ = true;
   }
   if (reaper_.joinable()) reaper_.join();
+  // Before any member goes: a channel's thread runs steps through this service.
+  absl::flat_hash_map<std::string, OwnedChannel> channels;
+  {
+    absl::MutexLock lock(&channels_mu_);
+    channels.swap(channels_);
+  }
+  channels.clear();
+}
+
+int SamplerService::DropChannels(const std::string& owner) {
+  std::vector<std::unique_ptr<StepChannel>> dropped;
+  {
+    absl::MutexLock lock(&channels_mu_);
+    for (auto it = channels_.begin(); it != channels_.end();) {
+      const bool drop = owner.empty() ? !it->second.channel->serving() : it->second.owner == owner;
+      if (drop) {
+        dropped.push_back(std::move(it->second.channel));
+        channels_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+  return static_cast<int>(dropped.size());  // their threads are joined here, unlocked
 }
 
 void SamplerService::ReleaseOwner(const std::string& owner, const char* why) {
+  if (const int channels = DropChannels(owner); channels > 0) {
+    spdlog::info("closed {} step channels of {}: {}", channels, owner, why);
+  }
   const BufferRegistry::Released released = registry_.ReleaseOwner(owner);
   leases_.Forget(owner);
   metrics_.SetRegisteredBuffers(registry_.Size(), registry_.BytesHeld());
@@ -366,19 +396,9 @@ grpc::Status SamplerService::SampleStream(
   } stream_end{*this, pool_scope, context};
   v1::SampleRequest request;
   while (stream->Read(&request)) {
-    steps_read_.fetch_add(1);
-    leases_.Touch(pool_scope, absl::Now());
     v1::SampleResponse response;
-    const absl::Status status = RunStep(request, pool_scope, &response);
-    if (!status.ok()) {
-      // One bad step fails only itself: answer it with its error and keep the stream.
-      response.Clear();
-      response.set_step_id(request.step_id());
-      response.mutable_error()->set_code(static_cast<int32_t>(status.code()));
-      response.mutable_error()->set_message(std::string(status.message()));
-    }
+    AnswerStep(request, pool_scope, &response);
     const bool written = stream->Write(response);
-    steps_answered_.fetch_add(1);  // handed to gRPC, whether or not the client still listens
     if (!written) {
       stream_end.written = false;
       return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
@@ -533,6 +553,66 @@ grpc::Status SamplerService::Release(grpc::ServerContext* context, const v1::Rel
     released += backend_.draft_pool().Release(DraftPoolKey(scope, id));
   }
   response->set_released_rows(released);
+  return grpc::Status::OK;
+}
+
+void SamplerService::AnswerStep(const v1::SampleRequest& request, const std::string& scope,
+                                v1::SampleResponse* response) {
+  steps_read_.fetch_add(1);
+  leases_.Touch(scope, absl::Now());
+  const absl::Status status = RunStep(request, scope, response);
+  if (!status.ok()) {
+    // One bad step fails only itself: answer it with its error and keep the stream.
+    response->Clear();
+    response->set_step_id(request.step_id());
+    response->mutable_error()->set_code(static_cast<int32_t>(status.code()));
+    response->mutable_error()->set_message(std::string(status.message()));
+  }
+  // Handed back (to gRPC, or written into the channel), whether or not the client listens.
+  steps_answered_.fetch_add(1);
+}
+
+grpc::Status SamplerService::OpenStepChannel(grpc::ServerContext* context,
+                                             const v1::OpenStepChannelRequest* request,
+                                             v1::OpenStepChannelResponse* response) {
+  const std::string owner = ClientScope(*context);
+  leases_.Track(owner, absl::Now());
+  if (draining_.load()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "samplerd is shutting down");
+  if (request->capacity_bytes() > options_.max_message_bytes) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("capacity_bytes: ", request->capacity_bytes(),
+                                     " exceeds the server's max_message_bytes of ",
+                                     options_.max_message_bytes));
+  }
+  if (const int closed = DropChannels(""); closed > 0) {  // those their workers closed
+    spdlog::info("dropped {} closed step channels", closed);
+  }
+  {
+    absl::MutexLock lock(&channels_mu_);
+    if (channels_.size() >= kMaxStepChannels) {
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          absl::StrCat(kMaxStepChannels, " step channels are open"));
+    }
+  }
+  auto channel = StepChannel::Open(
+      request->shm_name(), request->capacity_bytes(), registry_.shm_options(),
+      [this, owner](const v1::SampleRequest& step, v1::SampleResponse* answer) {
+        AnswerStep(step, owner, answer);
+      });
+  if (!channel.ok()) {
+    spdlog::warn("OpenStepChannel '{}': {}", request->shm_name(), channel.status().ToString());
+    return ToGrpcStatus(channel.status());
+  }
+  std::string id;
+  {
+    absl::MutexLock lock(&channels_mu_);
+    id = absl::StrCat("channel-", ++next_channel_);
+    channels_[id] = OwnedChannel{owner, *std::move(channel)};
+  }
+  spdlog::info("opened step channel {} on '{}' ({} bytes a direction) for {}", id,
+               request->shm_name(), request->capacity_bytes(), owner);
+  response->set_channel_id(id);
+  response->set_server_id(server_id_);
   return grpc::Status::OK;
 }
 

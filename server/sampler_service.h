@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "samplerd/v1/sampler.grpc.pb.h"
@@ -27,6 +28,7 @@
 #include "server/group_registry.h"
 #include "server/metrics.h"
 #include "server/owner_leases.h"
+#include "server/step_channel.h"
 
 namespace samplerd {
 
@@ -70,6 +72,12 @@ class SamplerService final : public v1::Sampler::Service {
                        v1::ReleaseResponse* response) override;
   grpc::Status KeepAlive(grpc::ServerContext* context, const v1::KeepAliveRequest* request,
                          v1::KeepAliveResponse* response) override;
+  grpc::Status OpenStepChannel(grpc::ServerContext* context,
+                               const v1::OpenStepChannelRequest* request,
+                               v1::OpenStepChannelResponse* response) override;
+
+  // Step channels open at once, over all clients (each holds a thread).
+  static constexpr int kMaxStepChannels = 64;
 
   // The calling client: its `samplerd-client-id` metadata, else its peer address. It scopes
   // the client's draft pool entries and owns its registrations.
@@ -87,6 +95,10 @@ class SamplerService final : public v1::Sampler::Service {
   // One step, start to finish. Step-level faults are the returned status.
   absl::Status RunStep(const v1::SampleRequest& request, const std::string& pool_scope,
                        v1::SampleResponse* response);
+  // A step as a stream or a channel answers it: counted, the caller's lease renewed, a
+  // step-level fault written into the response's `error`.
+  void AnswerStep(const v1::SampleRequest& request, const std::string& scope,
+                  v1::SampleResponse* response);
   struct StepStats;
   // Admission, conversion (through `resolver`, which also holds the step's received NCCL
   // logits), planning and the backend: the step's results or its fault.
@@ -117,6 +129,17 @@ class SamplerService final : public v1::Sampler::Service {
   // them at once, the reaper thread those of owners whose lease ran out.
   void ReleaseOwner(const std::string& owner, const char* why);
   OwnerLeases leases_;
+  // Co-located workers' step channels (server/step_channel.h), by id, with their owners:
+  // released with the owner's registrations, dropped once their worker closed them.
+  struct OwnedChannel {
+    std::string owner;
+    std::unique_ptr<StepChannel> channel;
+  };
+  absl::Mutex channels_mu_;
+  absl::flat_hash_map<std::string, OwnedChannel> channels_ ABSL_GUARDED_BY(channels_mu_);
+  int64_t next_channel_ ABSL_GUARDED_BY(channels_mu_) = 0;
+  // Closes the owner's channels ("" = those their workers closed); returns how many.
+  int DropChannels(const std::string& owner);
   absl::Mutex reaper_mu_;
   bool reaper_stop_ ABSL_GUARDED_BY(reaper_mu_) = false;
   std::thread reaper_;

@@ -26,6 +26,7 @@ struct MappingSlot {
   std::atomic<uintptr_t> begin{0};  // 0 while the slot is being filled or emptied
   std::atomic<uintptr_t> end{0};
   std::atomic<int> faulted{0};
+  std::atomic<int> prot{PROT_READ};  // the zero pages' protection: the mapping's
 };
 MappingSlot g_slots[ShmRegion::kMaxMappings];
 struct sigaction g_previous_sigbus;
@@ -42,7 +43,8 @@ void OnSigbus(int signal, siginfo_t* info, void* context) {
     const uintptr_t end = slot.end.load(std::memory_order_acquire);
     if (address >= end) continue;
     const uintptr_t page = address & ~(g_page_size - 1);
-    void* zeros = mmap(reinterpret_cast<void*>(page), end - page, PROT_READ,
+    void* zeros = mmap(reinterpret_cast<void*>(page), end - page,
+                       slot.prot.load(std::memory_order_acquire),
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
     if (zeros != MAP_FAILED) {
       slot.faulted.store(1, std::memory_order_release);
@@ -65,7 +67,7 @@ void InstallSigbusHandler() {
   sigaction(SIGBUS, &action, &g_previous_sigbus);
 }
 
-int ClaimSlot(const void* data, int64_t bytes) {
+int ClaimSlot(const void* data, int64_t bytes, int prot) {
   static std::once_flag installed;
   std::call_once(installed, InstallSigbusHandler);
   for (int i = 0; i < ShmRegion::kMaxMappings; ++i) {
@@ -75,6 +77,7 @@ int ClaimSlot(const void* data, int64_t bytes) {
     const uintptr_t end = (begin + static_cast<uintptr_t>(bytes) + g_page_size - 1) &
                           ~(g_page_size - 1);
     g_slots[i].faulted.store(0, std::memory_order_relaxed);
+    g_slots[i].prot.store(prot, std::memory_order_relaxed);
     g_slots[i].end.store(end, std::memory_order_relaxed);
     g_slots[i].begin.store(begin, std::memory_order_release);
     return i;
@@ -103,7 +106,9 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Open(const std::string& sh
   }
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
   // O_NOFOLLOW: a symlink under /dev/shm must not lead the server to another file.
-  const int fd = shm_open(shm_name.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0);
+  const int fd = shm_open(shm_name.c_str(),
+                          (options.writable ? O_RDWR : O_RDONLY) | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC,
+                          0);
   if (fd < 0) {
     const int err = errno;
     if (err == ENOENT) {
@@ -143,18 +148,20 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Open(const std::string& sh
         "byte_size: ", byte_size, " exceeds the ", static_cast<int64_t>(info.st_size),
         " bytes of '", shm_name, "'")));
   }
-  void* data = mmap(nullptr, static_cast<size_t>(byte_size), PROT_READ, MAP_SHARED, fd, 0);
+  const int prot = options.writable ? PROT_READ | PROT_WRITE : PROT_READ;
+  void* data = mmap(nullptr, static_cast<size_t>(byte_size), prot, MAP_SHARED, fd, 0);
   if (data == MAP_FAILED) {
     return fail(absl::FailedPreconditionError(
         absl::StrCat("shm_name: cannot map '", shm_name, "': ", std::strerror(errno))));
   }
-  const int slot = ClaimSlot(data, byte_size);
+  const int slot = ClaimSlot(data, byte_size, prot);
   if (slot < 0) {
     munmap(data, static_cast<size_t>(byte_size));
     return fail(absl::ResourceExhaustedError(
         absl::StrCat("shm_name: ", kMaxMappings, " shared-memory regions are open")));
   }
-  return std::unique_ptr<ShmRegion>(new ShmRegion(fd, data, byte_size, slot, shm_name));
+  return std::unique_ptr<ShmRegion>(
+      new ShmRegion(fd, data, byte_size, slot, shm_name, options.writable));
 }
 
 ShmRegion::~ShmRegion() {

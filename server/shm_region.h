@@ -35,11 +35,14 @@ namespace samplerd {
 struct ShmOpenOptions {
   // uids whose objects may be registered; empty = the server's own effective uid only.
   std::vector<uid_t> allowed_owners;
+  // Mapped read-write (a step channel, which samplerd answers into); else read-only.
+  bool writable = false;
 };
 
 class ShmRegion final {
  public:
-  // Opens shm object `shm_name` ("/name") read-only and maps its first `byte_size` bytes.
+  // Opens shm object `shm_name` ("/name") read-only (read-write where options.writable) and
+  // maps its first `byte_size` bytes.
   // Errors name the field: INVALID_ARGUMENT for a bad name or size; NOT_FOUND when the object
   // does not exist; PERMISSION_DENIED for an object no allowed uid owns; FAILED_PRECONDITION
   // when it is not a regular file (a FIFO, a directory, a link), is smaller than byte_size or
@@ -54,6 +57,9 @@ class ShmRegion final {
   int64_t byte_size() const { return byte_size_; }
   // The whole mapping: for pinning it (cudaHostRegister); reads go through Slice.
   const void* data() const { return data_; }
+  // A writable region's mapping (null for a read-only one). Writes past a shrink land in the
+  // zero pages the SIGBUS handler maps, so they never fault twice; Intact() then fails.
+  void* mutable_data() const { return writable_ ? const_cast<void*>(data_) : nullptr; }
   const std::string& name() const { return name_; }
 
   // Bytes [offset, offset + bytes) of the region, in place; the range must lie within
@@ -71,8 +77,10 @@ class ShmRegion final {
   static constexpr int kMaxMappings = 4096;
 
  private:
-  ShmRegion(int fd, const void* data, int64_t byte_size, int slot, std::string name)
-      : fd_(fd), data_(data), byte_size_(byte_size), slot_(slot), name_(std::move(name)) {}
+  ShmRegion(int fd, const void* data, int64_t byte_size, int slot, std::string name,
+            bool writable)
+      : fd_(fd), data_(data), byte_size_(byte_size), slot_(slot), name_(std::move(name)),
+        writable_(writable) {}
   absl::Status ShrankError(const std::string& field) const;
 
   const int fd_;
@@ -80,6 +88,7 @@ class ShmRegion final {
   const int64_t byte_size_;
   const int slot_;  // in the SIGBUS handler's table
   const std::string name_;
+  const bool writable_;
 };
 
 // Parses a comma-separated list of uids (the --shm_allowed_uids flag); "" = none.

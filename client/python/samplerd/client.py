@@ -26,6 +26,7 @@ from typing import List, Optional, Sequence
 import grpc
 
 from ._proto import SERVICE, pb
+from .channel import StepChannel
 from .cuda import CudaRegion
 from .errors import SamplerError, status_code
 from .results import StepResult
@@ -46,6 +47,7 @@ _UNARY = {
     "KeepAlive": "KeepAliveResponse",
     "CreateGroup": "CreateGroupResponse",
     "DestroyGroup": "DestroyGroupResponse",
+    "OpenStepChannel": "OpenStepChannelResponse",
 }
 
 
@@ -287,6 +289,11 @@ class SamplerClient(_Base):
     def stream(self) -> "StepStream":
         """A SampleStream step loop (cheaper per step than unary calls)."""
         return StepStream(self)
+
+    def channel(self, capacity_bytes: int = 4 << 20) -> StepChannel:
+        """A co-located step channel (samplerd.channel): the same steps and answers as a
+        stream's, through shared memory, for a worker on samplerd's host."""
+        return StepChannel(self, capacity_bytes)
 
     def register_shm(self, region: ShmRegion, name: Optional[str] = None) -> str:
         """Registers `region` (as `name`, default its shm name), then unlinks its name from

@@ -1,0 +1,133 @@
+"""The co-located step channel (issue 29) against a real samplerd: the same answers as the
+SampleStream, bitwise; a step-level fault fails only its step; a killed worker's channel is
+closed with its lease; a closed channel is dropped. The hostile header words and bytes are
+server/step_channel_test's."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+import samplerd
+from conftest import Server
+from samplerd import Decode, Prefill, SamplingParams
+
+LEASE_MS = 1000
+ROWS, VOCAB = 6, 1000
+
+
+@pytest.fixture(scope="module")
+def lease_server(tmp_path_factory):
+    s = Server(tmp_path_factory.mktemp("samplerd"), f"--registration_lease_ms={LEASE_MS}")
+    yield s
+    assert s.stop() == 0
+
+
+def steps(region, x):
+    """A mix: PREFILL with prompt logprobs and adjustments, a request that fails alone
+    (top_p 2), and DECODE with dense drafts, over shm and inline logits."""
+    shm = samplerd.ShmLogits(region, x)
+    yield shm, [Prefill(f"p{i}", row=i, sample_position=3, params=SamplingParams(
+        seed=i, temperature=0.8, top_k=40, top_logprobs=5, logit_bias={5: 2.0}))
+        for i in range(ROWS - 2)] + [
+        Prefill("bad", row=ROWS - 2, params=SamplingParams(top_p=2.0, seed=9))], {}
+    drafts = np.log(np.full((2, VOCAB), 1.0 / VOCAB, dtype=np.float32))
+    yield x, [Decode("d", first_row=0, num_rows=3, sample_position=11, draft_token_ids=[4, 7],
+                     draft_logprobs=drafts,
+                     params=SamplingParams(seed=3, top_p=0.9, top_logprobs=3))], {}
+
+
+def answers(results):
+    return [(r.request_id, r.code, r.message) + ((r.token_ids.tolist(), r.logprobs.tolist(),
+            r.top_token_ids.tolist(), r.top_logprobs.tolist()) if r.ok else ())
+            for r in results]
+
+
+def test_the_channel_answers_as_the_stream_bitwise(lease_server):
+    with samplerd.SamplerClient(lease_server.target, client_id="chan-a") as client:
+        client.wait_ready()
+        region = samplerd.ShmRegion(ROWS * VOCAB * 4)
+        x = region.ndarray((ROWS, VOCAB), np.float32)
+        x[:] = np.random.default_rng(0).normal(0, 2, x.shape)
+        client.register_shm(region)
+        with client.stream() as stream, client.channel() as channel:
+            for logits, requests, kw in steps(region, x):
+                a = channel.step(logits, requests, step_id=5, **kw)
+                b = stream.step(logits, requests, step_id=5, **kw)
+                assert answers(a) == answers(b)
+                assert a.step_id == 5
+            assert a["d"].token_ids.size >= 1
+        del x, logits, requests
+        client.unregister(region.buffer_name)
+        region.close()
+
+
+def test_a_step_level_fault_fails_only_its_step(lease_server):
+    with samplerd.SamplerClient(lease_server.target, client_id="chan-b") as client:
+        client.wait_ready()
+        with client.channel(capacity_bytes=64 << 10) as channel:
+            region = samplerd.ShmRegion(4096)
+            ghost = samplerd.ShmLogits(region, region.ndarray((1, 1000), np.float32))
+            with pytest.raises(samplerd.SamplerError) as e:
+                channel.step(ghost, [Prefill("r", row=0)])  # never registered
+            assert e.value.code == grpc.StatusCode.NOT_FOUND
+            with pytest.raises(samplerd.SamplerError) as e:  # larger than the channel
+                channel.step(np.zeros((32, 1000), np.float32), [Prefill("r", row=0)])
+            assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+            step = channel.step(np.zeros((1, 10), np.float32), [Prefill("r", row=0)])
+            assert step["r"].token_ids.size == 1
+            del ghost
+            region.close()
+
+
+WORKER = textwrap.dedent("""
+    import sys, time
+    import numpy as np
+    import samplerd
+    client = samplerd.SamplerClient(sys.argv[1], client_id="chan-worker")
+    channel = client.channel(capacity_bytes=1 << 16)
+    channel.step(np.zeros((1, 10), np.float32), [samplerd.Prefill("r", row=0)])
+    print("READY", flush=True)
+    time.sleep(600)
+""")
+
+
+def log_text(server):
+    server.log.flush()
+    server.log.seek(0)
+    return server.log.read()
+
+
+def test_a_killed_workers_channel_is_closed_within_the_lease(lease_server):
+    worker = subprocess.Popen([sys.executable, "-c", WORKER, lease_server.target],
+                              stdout=subprocess.PIPE, text=True)
+    assert worker.stdout.readline().strip() == "READY"
+    killed = time.monotonic()
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    closed = "closed 1 step channels of id:chan-worker: lease_expired"
+    while closed not in log_text(lease_server) and time.monotonic() - killed < LEASE_MS / 1000 + 2:
+        time.sleep(0.02)
+    assert closed in log_text(lease_server)
+    # Nothing of it is left under /dev/shm: the client unlinked the name once samplerd had it.
+    assert not [n for n in os.listdir("/dev/shm") if str(worker.pid) in n]
+
+
+def test_a_closed_channel_is_dropped(lease_server):
+    with samplerd.SamplerClient(lease_server.target, client_id="chan-c") as client:
+        client.wait_ready()
+        channel = client.channel(capacity_bytes=1 << 16)
+        channel.close()
+        with pytest.raises(samplerd.SamplerError) as e:
+            channel.step(np.zeros((1, 10), np.float32), [Prefill("r", row=0)])
+        assert e.value.code == grpc.StatusCode.CANCELLED
+        dropped = "dropped 1 closed step channels"
+        deadline = time.monotonic() + 3
+        while dropped not in log_text(lease_server) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert dropped in log_text(lease_server)
