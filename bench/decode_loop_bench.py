@@ -132,7 +132,7 @@ def main():
     proc, target = start_samplerd(args.samplerd, [])
     client = samplerd.SamplerClient(target)
     client.wait_ready()
-    print(f"device: {torch.cuda.get_device_name()}; samplerd {client.server_info().backend.device}")
+    print(f"device: {torch.cuda.get_device_name()}; samplerd backend {client.server_info().backend}")
     rows = []
     for B in [int(b) for b in args.batches.split(",")]:
         model = Model(batch=B, max_len=args.steps + 32)

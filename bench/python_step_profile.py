@@ -1,0 +1,68 @@
+"""Where a Python client's step goes (issue 29's profile): building the request, the
+SampleStream round trip, a unary call, raw bytes over grpc, protobuf serialisation and parsing,
+results to numpy, and the co-located step channel, against a running samplerd, with logits in
+a registered shm region. Prints p50 (and p99 for the step paths) in microseconds.
+
+    python3 bench/python_step_profile.py HOST:PORT [ROWS] [VOCAB]
+"""
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import samplerd
+from samplerd import pb
+
+target = sys.argv[1]
+rows = int(sys.argv[2]) if len(sys.argv) > 2 else 16
+vocab = int(sys.argv[3]) if len(sys.argv) > 3 else 128256
+N = 1000
+
+
+def measure(label, f, tail=False):
+    for _ in range(100):
+        f()
+    ts = []
+    for _ in range(N):
+        t = time.perf_counter()
+        f()
+        ts.append((time.perf_counter() - t) * 1e6)
+    ts.sort()
+    extra = f"  p99 {ts[int(len(ts) * 0.99)]:8.1f}" if tail else ""
+    print(f"{label:34s} p50 {statistics.median(ts):8.1f} us{extra}", flush=True)
+
+
+client = samplerd.SamplerClient(target)
+client.wait_ready()
+region = samplerd.ShmRegion(rows * vocab * 4)
+x = region.ndarray((rows, vocab), np.float32)
+x[:] = np.random.default_rng(0).normal(0, 2, x.shape)
+client.register_shm(region)
+logits = samplerd.ShmLogits(region, x)
+requests = [samplerd.Decode(f"r{i}", first_row=i, num_rows=1, sample_position=5,
+                            params=samplerd.SamplingParams(temperature=0.7, top_k=50, top_p=0.95,
+                                                           top_logprobs=5, seed=i))
+            for i in range(rows)]
+print(f"{rows} rows, V = {vocab}, shm logits; samplerd {client.server_info().backend}")
+measure("build the SampleRequest", lambda: client.build(logits, requests))
+request = client.build(logits, requests)
+data = request.SerializeToString()
+measure("serialize", request.SerializeToString)
+stream = client.stream()
+measure("SampleStream send + recv", lambda: (stream.send(request), stream.recv()), tail=True)
+measure("unary Sample", lambda: client.sample_request(request), tail=True)
+raw = client._channel.unary_unary(f"/{samplerd._proto.SERVICE}/Sample")
+measure("unary Sample, raw bytes", lambda: raw(data), tail=True)
+answer = raw(data)
+measure("parse the SampleResponse", lambda: pb.SampleResponse.FromString(answer))
+step = client.sample_request(request)
+measure("results to numpy (token ids)", lambda: [r.token_ids for r in step])
+timing = pb.SampleResponse.FromString(answer).timing
+print(f"{'server: total / compute':34s}     {timing.total_us:8d} / {timing.compute_us} us")
+with client.channel() as channel:
+    measure("step channel", lambda: channel.step_request(request), tail=True)
+stream.close()
+del x, logits
+client.unregister(region.buffer_name)
+region.close()
