@@ -158,18 +158,44 @@ def main():
                                           seed=s) for s in range(B)]
         results = {}
         for transport in args.transports.split(","):
-            stream = client.stream() if transport == "grpc" else client.channel()
+            name, _, switch = transport.partition("@")
+            stream = client.stream() if name == "grpc" else client.channel()
+            # The step's parts (p50 each): the forward's launch and the request's building on
+            # the host; the step's round trip; inside it, samplerd's total and compute time
+            # (compute waits on the ready event: it includes the GPU finishing the forward),
+            # and the sampling kernels' device time; the tokens back into a CUDA tensor.
+            parts = {k: [] for k in ("host forward+build", "step", "server total",
+                                     "server compute", "kernels", "tokens to device")}
 
-            def with_samplerd(tokens, i, stream=stream):
+            def with_samplerd(tokens, i, stream=stream, parts=parts):
+                t0 = time.perf_counter()
                 model(tokens, out=pool)
                 logits = samplerd.CudaLogits(region, pool, ready.record())
-                step = stream.step(logits, [
+                request = client.build(logits, [
                     samplerd.Decode(f"s{s}", first_row=s, num_rows=1, sample_position=i,
                                     params=params[s]) for s in range(B)])
+                t1 = time.perf_counter()
+                step = stream.step_request(request) if name != "grpc" else (
+                    stream.send(request), stream.recv())[1]
+                t2 = time.perf_counter()
                 host = np.fromiter((r.token_ids[0] for r in step), dtype=np.int64, count=B)
-                return torch.from_numpy(host).to("cuda", non_blocking=True)
+                out = torch.from_numpy(host).to("cuda", non_blocking=True)
+                t3 = time.perf_counter()
+                if i >= 20:
+                    parts["host forward+build"].append(t1 - t0)
+                    parts["step"].append(t2 - t1)
+                    parts["server total"].append(step.total_us * 1e-6)
+                    parts["server compute"].append(step.compute_us * 1e-6)
+                    parts["kernels"].append(step.kernel_us * 1e-6)
+                    parts["tokens to device"].append(t3 - t2)
+                return out
 
-            results[transport] = run_loop(model, B, args.steps, with_samplerd)
+            # transport@S: the run with sys.setswitchinterval(S) (the GIL's hand-off period).
+            default_switch = sys.getswitchinterval()
+            if switch:
+                sys.setswitchinterval(float(switch))
+            results[transport] = (run_loop(model, B, args.steps, with_samplerd), parts)
+            sys.setswitchinterval(default_switch)
             stream.close()
         t_alone = run_loop(model, B, args.steps, alone)
         t_torch = run_loop(model, B, args.steps, in_process)
@@ -183,9 +209,12 @@ def main():
             ctl = out.split("latency p50 ")[1].split(" us")[0] if "latency p50 " in out else "?"
         a50, a99 = stats(t_alone)
         line = [f"B={B:<3d} model alone p50 {a50:8.1f} p99 {a99:8.1f} us"]
-        for name, t in [("in-process torch", t_torch)] + [(f"samplerd {k}", v) for k, v in results.items()]:
+        p50, p99 = stats(t_torch)
+        line.append(f"  {'in-process torch':22s} p50 {p50:8.1f} p99 {p99:8.1f}  overhead p50 {p50 - a50:+8.1f} us")
+        for name, (t, parts) in results.items():
             p50, p99 = stats(t)
-            line.append(f"  {name:18s} p50 {p50:8.1f} p99 {p99:8.1f}  overhead p50 {p50 - a50:+8.1f} us")
+            line.append(f"  {'samplerd ' + name:22s} p50 {p50:8.1f} p99 {p99:8.1f}  overhead p50 {p50 - a50:+8.1f} us")
+            line.append("      parts p50: " + ", ".join(f"{k} {stats(v)[0]:.1f}" for k, v in parts.items()))
         line.append(f"  samplerctl bench (C++ client, stream, cuda_ipc) p50 {ctl} us")
         print("\n".join(line), flush=True)
         del model

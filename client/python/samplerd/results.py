@@ -7,6 +7,12 @@ import numpy as np
 from .errors import RequestError, status_code
 
 
+def _vector(values, dtype) -> np.ndarray:
+    """A repeated field as a numpy array (fromiter with the count: ~6x np.array's speed on a
+    protobuf container, which a decode loop pays for every request of every step)."""
+    return np.fromiter(values, dtype, len(values))
+
+
 class RequestResult:
     """One request's result. Reading a field of a failed request raises its RequestError
     (check `ok` or `error` first to handle it without an exception).
@@ -38,7 +44,7 @@ class RequestResult:
 
     @property
     def token_ids(self) -> np.ndarray:
-        return np.array(self._checked().token_ids, dtype=np.int32)
+        return _vector(self._checked().token_ids, np.int32)
 
     @property
     def num_accepted(self) -> int:
@@ -46,15 +52,15 @@ class RequestResult:
 
     @property
     def logprobs(self) -> np.ndarray:
-        return np.array(self._checked().logprobs, dtype=np.float32)
+        return _vector(self._checked().logprobs, np.float32)
 
     @property
     def sum_smaller_probs(self) -> np.ndarray:
-        return np.array(self._checked().sum_smaller_probs, dtype=np.float32)
+        return _vector(self._checked().sum_smaller_probs, np.float32)
 
     @property
     def prompt_logprobs(self) -> np.ndarray:
-        return np.array(self._checked().prompt_logprobs, dtype=np.float32)
+        return _vector(self._checked().prompt_logprobs, np.float32)
 
     def _top(self, field, dtype, pad):
         rows = [getattr(t, field) for t in self._checked().top_logprobs]

@@ -6,6 +6,7 @@ sequence of ints, masks take xgrammar/numpy int32 bitmask rows (ceil(V / 32) wor
 of word t / 32 set = token t allowed) or bytes.
 """
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -13,6 +14,10 @@ import numpy as np
 from ._proto import pb
 from .cuda import CudaRegion
 from .shm import ShmRegion
+
+
+_SCALAR_PARAMS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                  "presence_penalty", "frequency_penalty", "top_logprobs")
 
 
 @dataclass
@@ -41,19 +46,44 @@ class SamplingParams:
     stop_token_ids: Sequence[int] = ()
     logit_bias: Optional[Mapping[int, float]] = None
 
+    def __setattr__(self, name, value):
+        # Lists are kept as tuples and the bias as a read-only copy, so the encoded message
+        # cached below cannot go stale behind the object's back; any assignment drops it.
+        if name in ("allowed_token_ids", "stop_token_ids"):
+            value = tuple(int(t) for t in value)
+        elif name == "bad_words":
+            value = tuple(tuple(int(t) for t in word) for word in value)
+        elif name == "logit_bias" and value is not None:
+            value = MappingProxyType({int(t): float(b) for t, b in value.items()})
+        object.__setattr__(self, name, value)
+        object.__setattr__(self, "_encoded", None)
+
     def fill(self, msg):
-        for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                     "presence_penalty", "frequency_penalty", "top_logprobs"):
+        # A decode loop sends the same parameters for every request of every step (issue 29
+        # measured building them): encoded once, merged as bytes after that.
+        encoded = self._encoded
+        if encoded is None:
+            params = pb.SamplingParams()
+            self._fill_fields(params)
+            encoded = params.SerializeToString()
+            object.__setattr__(self, "_encoded", encoded)
+        msg.MergeFromString(encoded)
+
+    def _fill_fields(self, msg):
+        for name in _SCALAR_PARAMS:
             value = getattr(self, name)
             if value is not None:
                 setattr(msg, name, value)
         if self.seed is not None:
             msg.seq_seed = self.seed
-        msg.allowed_token_ids.extend(int(t) for t in self.allowed_token_ids)
+        if self.allowed_token_ids:
+            msg.allowed_token_ids.extend(int(t) for t in self.allowed_token_ids)
         for word in self.bad_words:
             msg.bad_words.add().token_ids.extend(int(t) for t in word)
-        msg.min_tokens = int(self.min_tokens)
-        msg.stop_token_ids.extend(int(t) for t in self.stop_token_ids)
+        if self.min_tokens:
+            msg.min_tokens = int(self.min_tokens)
+        if self.stop_token_ids:
+            msg.stop_token_ids.extend(int(t) for t in self.stop_token_ids)
         for token, bias in (self.logit_bias or {}).items():
             msg.logit_bias[int(token)] = float(bias)
 
@@ -82,9 +112,12 @@ class _Common:
     def _fill_common(self, msg):
         msg.request_id = self.request_id
         self.params.fill(msg.params)
-        msg.sample_position = self.sample_position
-        msg.prompt_token_ids.extend(self.prompt_token_ids)
-        msg.output_token_ids.extend(self.output_token_ids)
+        if self.sample_position:
+            msg.sample_position = self.sample_position
+        if len(self.prompt_token_ids):
+            msg.prompt_token_ids.extend(self.prompt_token_ids)
+        if len(self.output_token_ids):
+            msg.output_token_ids.extend(self.output_token_ids)
 
 
 @dataclass
@@ -128,13 +161,17 @@ class Decode(_Common):
 
     def to_proto(self, msg):
         self._fill_common(msg)
-        msg.first_row = self.first_row
+        if self.first_row:
+            msg.first_row = self.first_row
         msg.num_rows = self.num_rows
-        msg.draft_token_ids.extend(self.draft_token_ids)
+        if len(self.draft_token_ids):
+            msg.draft_token_ids.extend(self.draft_token_ids)
         if self.draft_logprobs is not None:
             _inline(msg.draft_logprobs, np.asarray(self.draft_logprobs))
-        msg.golden_token_ids.extend(self.golden_token_ids)
-        msg.allowed_token_masks.extend(_mask_bytes(m) for m in self.allowed_token_masks)
+        if len(self.golden_token_ids):
+            msg.golden_token_ids.extend(self.golden_token_ids)
+        if self.allowed_token_masks:
+            msg.allowed_token_masks.extend(_mask_bytes(m) for m in self.allowed_token_masks)
 
 
 @dataclass
