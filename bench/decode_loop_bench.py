@@ -138,9 +138,17 @@ def main():
         model = Model(batch=B, max_len=args.steps + 32)
         fixed = torch.arange(B, device="cuda")
 
+        alone_parts = {"host forward": [], "wait for the GPU": []}
+
         def alone(tokens, i):
+            t0 = time.perf_counter()
             model(tokens)
-            return fixed.cpu().to("cuda", non_blocking=True)  # the host has the tokens
+            t1 = time.perf_counter()
+            out = fixed.cpu().to("cuda", non_blocking=True)  # the host has the tokens
+            if i >= 20:
+                alone_parts["host forward"].append(t1 - t0)
+                alone_parts["wait for the GPU"].append(time.perf_counter() - t1)
+            return out
 
         gen = torch.Generator(device="cuda").manual_seed(0)
 
@@ -178,8 +186,7 @@ def main():
                 step = stream.step_request(request) if name != "grpc" else (
                     stream.send(request), stream.recv())[1]
                 t2 = time.perf_counter()
-                host = np.fromiter((r.token_ids[0] for r in step), dtype=np.int64, count=B)
-                out = torch.from_numpy(host).to("cuda", non_blocking=True)
+                out = torch.tensor([r.token_ids[0] for r in step.proto.results], device="cuda")
                 t3 = time.perf_counter()
                 if i >= 20:
                     parts["host forward+build"].append(t1 - t0)
@@ -208,7 +215,8 @@ def main():
                                   "--steps=500"], capture_output=True, text=True).stdout
             ctl = out.split("latency p50 ")[1].split(" us")[0] if "latency p50 " in out else "?"
         a50, a99 = stats(t_alone)
-        line = [f"B={B:<3d} model alone p50 {a50:8.1f} p99 {a99:8.1f} us"]
+        line = [f"B={B:<3d} model alone p50 {a50:8.1f} p99 {a99:8.1f} us; parts p50: " +
+                ", ".join(f"{k} {stats(v)[0]:.1f}" for k, v in alone_parts.items())]
         p50, p99 = stats(t_torch)
         line.append(f"  {'in-process torch':22s} p50 {p50:8.1f} p99 {p99:8.1f}  overhead p50 {p50 - a50:+8.1f} us")
         for name, (t, parts) in results.items():

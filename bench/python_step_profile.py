@@ -3,7 +3,10 @@ SampleStream round trip, a unary call, raw bytes over grpc, protobuf serialisati
 results to numpy, and the co-located step channel, against a running samplerd, with logits in
 a registered shm region. Prints p50 (and p99 for the step paths) in microseconds.
 
-    python3 bench/python_step_profile.py HOST:PORT [ROWS] [VOCAB]
+    python3 bench/python_step_profile.py HOST:PORT [ROWS] [VOCAB] [cuda]
+
+`cuda`: the logits in a registered PyTorch CUDA tensor (CUDA IPC, read in place, as a GPU
+worker sends them) instead of shm.
 """
 import statistics
 import sys
@@ -17,6 +20,7 @@ from samplerd import pb
 target = sys.argv[1]
 rows = int(sys.argv[2]) if len(sys.argv) > 2 else 16
 vocab = int(sys.argv[3]) if len(sys.argv) > 3 else 128256
+on_gpu = len(sys.argv) > 4 and sys.argv[4] == "cuda"
 N = 1000
 
 
@@ -35,16 +39,25 @@ def measure(label, f, tail=False):
 
 client = samplerd.SamplerClient(target)
 client.wait_ready()
-region = samplerd.ShmRegion(rows * vocab * 4)
-x = region.ndarray((rows, vocab), np.float32)
-x[:] = np.random.default_rng(0).normal(0, 2, x.shape)
-client.register_shm(region)
-logits = samplerd.ShmLogits(region, x)
+if on_gpu:
+    import torch
+
+    x = torch.randn(rows, vocab, device="cuda") * 2
+    torch.cuda.synchronize()
+    region = client.register_cuda_tensor("profile-pool", x)
+    logits = samplerd.CudaLogits(region, x)
+else:
+    region = samplerd.ShmRegion(rows * vocab * 4)
+    x = region.ndarray((rows, vocab), np.float32)
+    x[:] = np.random.default_rng(0).normal(0, 2, x.shape)
+    client.register_shm(region)
+    logits = samplerd.ShmLogits(region, x)
 requests = [samplerd.Decode(f"r{i}", first_row=i, num_rows=1, sample_position=5,
                             params=samplerd.SamplingParams(temperature=0.7, top_k=50, top_p=0.95,
                                                            top_logprobs=5, seed=i))
             for i in range(rows)]
-print(f"{rows} rows, V = {vocab}, shm logits; samplerd {client.server_info().backend}")
+print(f"{rows} rows, V = {vocab}, {'CUDA IPC' if on_gpu else 'shm'} logits; samplerd "
+      f"{client.server_info().backend}")
 measure("build the SampleRequest", lambda: client.build(logits, requests))
 request = client.build(logits, requests)
 data = request.SerializeToString()
@@ -64,5 +77,6 @@ with client.channel() as channel:
     measure("step channel", lambda: channel.step_request(request), tail=True)
 stream.close()
 del x, logits
-client.unregister(region.buffer_name)
-region.close()
+client.unregister(region.name if on_gpu else region.buffer_name)
+if not on_gpu:
+    region.close()
