@@ -11,9 +11,12 @@ random, a KV cache) decodes B sequences. Each step:
     and sends one step (a Decode per sequence, same parameters, a seed each) through the
     transport named by --transports (`grpc`: SampleStream; `channel`: the co-located shared-
     memory step channel); the tokens back into a CUDA tensor for the next forward.
-Prints per-step p50 and p99 of each, each one's overhead over the model alone (p50 of the
-difference of the loop's step times), and `samplerctl bench`'s p50 for the same step shape
-(R rows, V = 128,256, CUDA IPC logits, streaming) in the same run.
+The modes run interleaved, in blocks of 20 steps at the same positions (the host's step times
+drift by milliseconds over a run), each transport on a stream or channel of its own per block.
+Prints per-step p50 and p99 of each, each one's overhead over the model alone (the difference
+of the p50s), the parts of a samplerd step, and `samplerctl bench`'s p50 for the same step
+shape (B rows, V = 128,256, CUDA IPC logits, streaming) in the same run. `grpc@S` runs the
+gRPC stream with sys.setswitchinterval(S) (the GIL's hand-off period; default 5 ms).
 
     python3 bench/decode_loop_bench.py --samplerd=.device-pack/bin/samplerd \
         --samplerctl=.device-pack/bin/samplerctl [--batches=1,16,64] [--steps=200]
@@ -26,7 +29,6 @@ import sys
 import tempfile
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -95,16 +97,27 @@ def stats(times):
     return statistics.median(us), us[min(len(us) - 1, int(len(us) * 0.99))]
 
 
-def run_loop(model, B, steps, step_fn):
-    """Per-step wall times of `steps` steps after 20 warm-up steps; the host waits each step."""
-    tokens = torch.zeros(B, dtype=torch.long, device="cuda")
-    times = []
-    model.pos = 0
-    for i in range(steps + 20):
-        t0 = time.perf_counter()
-        tokens = step_fn(tokens, i)
-        if i >= 20:
-            times.append(time.perf_counter() - t0)
+BLOCK, WARMUP = 20, 5
+
+
+def run_blocks(model, B, steps, modes):
+    """The modes interleaved in blocks of BLOCK timed steps (after WARMUP untimed ones), each
+    block of each mode at the same positions, so that drift of the host (this machine's step
+    times move by milliseconds over a minute) falls on every mode alike. A mode is
+    (open, step_fn, close): open() before its block (a stream, a channel), close() after."""
+    times = {name: [] for name in modes}
+    for block in range(max(1, steps // BLOCK)):
+        for name, (open_fn, step_fn, close_fn) in modes.items():
+            handle = open_fn()
+            model.pos = block * (BLOCK + WARMUP)
+            tokens = torch.zeros(B, dtype=torch.long, device="cuda")
+            for k in range(BLOCK + WARMUP):
+                timed = k >= WARMUP
+                t0 = time.perf_counter()
+                tokens = step_fn(handle, tokens, model.pos, timed)
+                if timed:
+                    times[name].append(time.perf_counter() - t0)
+            close_fn(handle)
     return times
 
 
@@ -133,26 +146,25 @@ def main():
     client = samplerd.SamplerClient(target)
     client.wait_ready()
     print(f"device: {torch.cuda.get_device_name()}; samplerd backend {client.server_info().backend}")
-    rows = []
     for B in [int(b) for b in args.batches.split(",")]:
-        model = Model(batch=B, max_len=args.steps + 32)
+        blocks = max(1, args.steps // BLOCK)
+        model = Model(batch=B, max_len=blocks * (BLOCK + WARMUP) + 8)
         fixed = torch.arange(B, device="cuda")
+        parts = {}
 
-        alone_parts = {"host forward": [], "wait for the GPU": []}
-
-        def alone(tokens, i):
+        def alone(_, tokens, i, timed):
             t0 = time.perf_counter()
             model(tokens)
             t1 = time.perf_counter()
             out = fixed.cpu().to("cuda", non_blocking=True)  # the host has the tokens
-            if i >= 20:
-                alone_parts["host forward"].append(t1 - t0)
-                alone_parts["wait for the GPU"].append(time.perf_counter() - t1)
+            if timed:
+                parts.setdefault("alone", {}).setdefault("host forward", []).append(t1 - t0)
+                parts["alone"].setdefault("wait for the GPU", []).append(time.perf_counter() - t1)
             return out
 
         gen = torch.Generator(device="cuda").manual_seed(0)
 
-        def in_process(tokens, i):
+        def in_process(_, tokens, i, timed):
             logits = model(tokens)
             t, lp, ids = torch_sample(logits, gen)
             host = t.cpu()  # tokens (and logprobs) to the host, as an engine needs them
@@ -164,18 +176,13 @@ def main():
         ready = samplerd.ReadyEvent()
         params = [samplerd.SamplingParams(temperature=0.7, top_k=50, top_p=0.95, top_logprobs=5,
                                           seed=s) for s in range(B)]
-        results = {}
-        for transport in args.transports.split(","):
-            name, _, switch = transport.partition("@")
-            stream = client.stream() if name == "grpc" else client.channel()
+
+        def with_samplerd(name):
             # The step's parts (p50 each): the forward's launch and the request's building on
             # the host; the step's round trip; inside it, samplerd's total and compute time
             # (compute waits on the ready event: it includes the GPU finishing the forward),
             # and the sampling kernels' device time; the tokens back into a CUDA tensor.
-            parts = {k: [] for k in ("host forward+build", "step", "server total",
-                                     "server compute", "kernels", "tokens to device")}
-
-            def with_samplerd(tokens, i, stream=stream, parts=parts):
+            def step_fn(stream, tokens, i, timed):
                 t0 = time.perf_counter()
                 model(tokens, out=pool)
                 logits = samplerd.CudaLogits(region, pool, ready.record())
@@ -183,29 +190,43 @@ def main():
                     samplerd.Decode(f"s{s}", first_row=s, num_rows=1, sample_position=i,
                                     params=params[s]) for s in range(B)])
                 t1 = time.perf_counter()
-                step = stream.step_request(request) if name != "grpc" else (
-                    stream.send(request), stream.recv())[1]
+                if name.startswith("grpc"):
+                    stream.send(request)
+                    step = stream.recv()
+                else:
+                    step = stream.step_request(request)
                 t2 = time.perf_counter()
                 out = torch.tensor([r.token_ids[0] for r in step.proto.results], device="cuda")
-                t3 = time.perf_counter()
-                if i >= 20:
-                    parts["host forward+build"].append(t1 - t0)
-                    parts["step"].append(t2 - t1)
-                    parts["server total"].append(step.total_us * 1e-6)
-                    parts["server compute"].append(step.compute_us * 1e-6)
-                    parts["kernels"].append(step.kernel_us * 1e-6)
-                    parts["tokens to device"].append(t3 - t2)
+                if timed:
+                    p = parts.setdefault(name, {})
+                    for key, value in (("host forward+build", t1 - t0), ("step", t2 - t1),
+                                       ("server total", step.total_us * 1e-6),
+                                       ("server compute", step.compute_us * 1e-6),
+                                       ("kernels", step.kernel_us * 1e-6),
+                                       ("tokens to device", time.perf_counter() - t2)):
+                        p.setdefault(key, []).append(value)
                 return out
 
-            # transport@S: the run with sys.setswitchinterval(S) (the GIL's hand-off period).
+            # grpc@S: with sys.setswitchinterval(S) (the GIL's hand-off period) while it runs.
+            switch = float(name.partition("@")[2] or sys.getswitchinterval())
             default_switch = sys.getswitchinterval()
-            if switch:
-                sys.setswitchinterval(float(switch))
-            results[transport] = (run_loop(model, B, args.steps, with_samplerd), parts)
-            sys.setswitchinterval(default_switch)
-            stream.close()
-        t_alone = run_loop(model, B, args.steps, alone)
-        t_torch = run_loop(model, B, args.steps, in_process)
+
+            def open_fn():
+                sys.setswitchinterval(switch)
+                return client.stream() if name.startswith("grpc") else client.channel()
+
+            def close_fn(stream):
+                stream.close()
+                sys.setswitchinterval(default_switch)
+
+            return open_fn, step_fn, close_fn
+
+        none = lambda: None
+        modes = {"alone": (none, alone, lambda _: None),
+                 "in-process torch": (none, in_process, lambda _: None)}
+        for transport in args.transports.split(","):
+            modes["samplerd " + transport] = with_samplerd(transport)
+        times = run_blocks(model, B, args.steps, modes)
         client.unregister(region.name)
         del pool
         ctl = ""
@@ -214,17 +235,18 @@ def main():
                                   f"--vocab={VOCAB}", "--source=cuda_ipc", "--mode=stream",
                                   "--steps=500"], capture_output=True, text=True).stdout
             ctl = out.split("latency p50 ")[1].split(" us")[0] if "latency p50 " in out else "?"
-        a50, a99 = stats(t_alone)
-        line = [f"B={B:<3d} model alone p50 {a50:8.1f} p99 {a99:8.1f} us; parts p50: " +
-                ", ".join(f"{k} {stats(v)[0]:.1f}" for k, v in alone_parts.items())]
-        p50, p99 = stats(t_torch)
-        line.append(f"  {'in-process torch':22s} p50 {p50:8.1f} p99 {p99:8.1f}  overhead p50 {p50 - a50:+8.1f} us")
-        for name, (t, parts) in results.items():
+        a50, a99 = stats(times["alone"])
+        lines = [f"B={B:<3d} {len(times['alone'])} steps a mode, interleaved in blocks of {BLOCK}"]
+        for name, t in times.items():
             p50, p99 = stats(t)
-            line.append(f"  {'samplerd ' + name:22s} p50 {p50:8.1f} p99 {p99:8.1f}  overhead p50 {p50 - a50:+8.1f} us")
-            line.append("      parts p50: " + ", ".join(f"{k} {stats(v)[0]:.1f}" for k, v in parts.items()))
-        line.append(f"  samplerctl bench (C++ client, stream, cuda_ipc) p50 {ctl} us")
-        print("\n".join(line), flush=True)
+            lines.append(f"  {name:26s} p50 {p50:8.1f} p99 {p99:8.1f} us" +
+                         ("" if name == "alone" else f"  overhead p50 {p50 - a50:+8.1f} us"))
+            key = "alone" if name == "alone" else name.replace("samplerd ", "")
+            if key in parts:
+                lines.append("      parts p50: " + ", ".join(
+                    f"{k} {stats(v)[0]:.1f}" for k, v in parts[key].items()))
+        lines.append(f"  samplerctl bench (C++ client, stream, cuda_ipc) p50 {ctl} us")
+        print("\n".join(lines), flush=True)
         del model
         torch.cuda.empty_cache()
     client.close()
