@@ -75,6 +75,12 @@ timing = pb.SampleResponse.FromString(answer).timing
 print(f"{'server: total / compute':34s}     {timing.total_us:8d} / {timing.compute_us} us")
 with client.channel() as channel:
     measure("step channel", lambda: channel.step_request(request), tail=True)
+    if on_gpu:
+        # The tokens back on the device: alone, and right after a step (samplerd's kernels ran
+        # in its own CUDA context just before: two processes share the GPU by time-slicing).
+        measure("token ids to a CUDA tensor", lambda: torch.tensor([1] * rows, device="cuda"))
+        measure("  the same right after a step", lambda: (
+            channel.step_request(request), torch.tensor([1] * rows, device="cuda")))
 stream.close()
 del x, logits
 client.unregister(region.name if on_gpu else region.buffer_name)
