@@ -56,6 +56,11 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
                            .Help("Registered logits regions")
                            .Register(registry)
                            .Add({});
+  metrics->step_channels_ = &prometheus::BuildGauge()
+                                  .Name("samplerd_step_channels")
+                                  .Help("Co-located workers' shared-memory step channels open")
+                                  .Register(registry)
+                                  .Add({});
   metrics->buffer_bytes_ = &prometheus::BuildGauge()
                                 .Name("samplerd_registered_buffer_bytes")
                                 .Help("Bytes of the registered regions and cached one-off CUDA "
@@ -106,6 +111,8 @@ void Metrics::SetRegisteredBuffers(int count, int64_t bytes) {
   buffers_->Set(count);
   buffer_bytes_->Set(static_cast<double>(bytes));
 }
+
+void Metrics::SetStepChannels(int count) { step_channels_->Set(count); }
 
 void Metrics::CountReleasedBuffers(const char* why, int count) {
   absl::MutexLock lock(&mu_);  // Add may create the labelled child

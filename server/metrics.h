@@ -47,6 +47,8 @@ class Metrics final {
   void AddInFlight(double delta);
   // Registered regions and the bytes they (and cached one-off CUDA IPC allocations) hold.
   void SetRegisteredBuffers(int count, int64_t bytes);
+  // Co-located workers' step channels open now.
+  void SetStepChannels(int count);
   // Regions released because their owner was gone; `why`: "lease_expired", "stream_dropped"
   // or "taken_over".
   void CountReleasedBuffers(const char* why, int count);
@@ -67,6 +69,7 @@ class Metrics final {
   prometheus::Gauge* in_flight_ = nullptr;
   prometheus::Gauge* buffers_ = nullptr;
   prometheus::Gauge* buffer_bytes_ = nullptr;
+  prometheus::Gauge* step_channels_ = nullptr;
   prometheus::Family<prometheus::Counter>* released_ = nullptr;
   prometheus::Counter* group_failures_ = nullptr;
   absl::Mutex mu_;  // guards adding labelled children to errors_

@@ -192,6 +192,7 @@ int SamplerService::DropChannels(const std::string& owner) {
         ++it;
       }
     }
+    if (!dropped.empty()) metrics_.SetStepChannels(static_cast<int>(channels_.size()));
   }
   return static_cast<int>(dropped.size());  // their threads are joined here, unlocked
 }
@@ -608,6 +609,7 @@ grpc::Status SamplerService::OpenStepChannel(grpc::ServerContext* context,
     absl::MutexLock lock(&channels_mu_);
     id = absl::StrCat("channel-", ++next_channel_);
     channels_[id] = OwnedChannel{owner, *std::move(channel)};
+    metrics_.SetStepChannels(static_cast<int>(channels_.size()));
   }
   spdlog::info("opened step channel {} on '{}' ({} bytes a direction) for {}", id,
                request->shm_name(), request->capacity_bytes(), owner);

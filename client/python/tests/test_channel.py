@@ -9,6 +9,8 @@ import sys
 import textwrap
 import time
 
+import urllib.request
+
 import grpc
 import numpy as np
 import pytest
@@ -23,7 +25,9 @@ ROWS, VOCAB = 6, 1000
 
 @pytest.fixture(scope="module")
 def lease_server(tmp_path_factory):
-    s = Server(tmp_path_factory.mktemp("samplerd"), f"--registration_lease_ms={LEASE_MS}")
+    tmp = tmp_path_factory.mktemp("samplerd")
+    s = Server(tmp, f"--registration_lease_ms={LEASE_MS}", "--metrics_address=127.0.0.1:0")
+    s.metrics_port = int((tmp / "port").read_text().split()[1])
     yield s
     assert s.stop() == 0
 
@@ -118,16 +122,26 @@ def test_a_killed_workers_channel_is_closed_within_the_lease(lease_server):
     assert not [n for n in os.listdir("/dev/shm") if str(worker.pid) in n]
 
 
+def open_channels(server) -> float:
+    """samplerd_step_channels, scraped from the server's Prometheus endpoint."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics").read().decode()
+    return float(next(line.split()[1] for line in text.splitlines()
+                      if line.startswith("samplerd_step_channels ")))
+
+
 def test_a_closed_channel_is_dropped(lease_server):
     with samplerd.SamplerClient(lease_server.target, client_id="chan-c") as client:
         client.wait_ready()
+        before = open_channels(lease_server)
         channel = client.channel(capacity_bytes=1 << 16)
+        assert open_channels(lease_server) == before + 1
         channel.close()
         with pytest.raises(samplerd.SamplerError) as e:
             channel.step(np.zeros((1, 10), np.float32), [Prefill("r", row=0)])
         assert e.value.code == grpc.StatusCode.CANCELLED
-        dropped = "dropped 1 closed step channels"
+        # The reaper drops it (its thread has stopped and unmapped it) within a period.
         deadline = time.monotonic() + 3
-        while dropped not in log_text(lease_server) and time.monotonic() < deadline:
+        while open_channels(lease_server) != before and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert dropped in log_text(lease_server)
+        assert open_channels(lease_server) == before
+        assert "closed step channels" in log_text(lease_server)
