@@ -81,7 +81,15 @@ void RunStream(const LoadOptions& options, int index, SamplerClient& client, Str
     if (!out.status.ok()) return;
   }
   std::unique_ptr<SamplerClient::StepStream> stream;
-  if (options.streaming) {
+  std::unique_ptr<SamplerClient::StepChannel> channel;
+  if (options.channel) {
+    auto opened = client.OpenChannel();
+    if (!opened.ok()) {
+      out.status = opened.status();
+      return;
+    }
+    channel = std::move(*opened);
+  } else if (options.streaming) {
     auto opened = client.OpenStream();
     if (!opened.ok()) {
       out.status = opened.status();
@@ -102,7 +110,9 @@ void RunStream(const LoadOptions& options, int index, SamplerClient& client, Str
       // The copy into the message is part of what inline logits cost.
       tensor->set_data(logits.data(), bytes);
     }
-    auto response = stream ? stream->Step(request) : client.Sample(request);
+    auto response = channel ? channel->Step(request)
+                    : stream ? stream->Step(request)
+                             : client.Sample(request);
     const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
     if (!response.ok()) {
       out.status = response.status();
@@ -259,7 +269,8 @@ std::string FormatReport(const LoadOptions& options, const LoadReport& report) {
       "p50 %.0f; prepare p50 %.0f us; outside compute p50 %.0f us); empty-gRPC floor p50 %.0f us "
       "p99 %.0f us%s\n",
       options.streams, options.rows, options.vocab, SourceName(options.source),
-      options.streaming ? "stream" : "unary", report.steps, report.steps / report.seconds,
+      options.channel ? "channel" : options.streaming ? "stream" : "unary", report.steps,
+      report.steps / report.seconds,
       report.p50_us, report.p99_us, report.max_us, report.server_compute_p50_us,
       report.server_kernel_p50_us, report.server_host_p50_us, report.server_prepare_p50_us,
       report.p50_us - report.server_compute_p50_us, report.floor_p50_us, report.floor_p99_us,

@@ -27,6 +27,7 @@ struct LoadOptions {
   enum class Source { kInline, kShm, kCudaIpc };
   Source source = Source::kInline;
   bool streaming = false;   // SampleStream, else unary Sample
+  bool channel = false;     // a co-located step channel (shared memory), over the others
 };
 
 struct LoadReport {

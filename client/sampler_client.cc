@@ -1,6 +1,12 @@
 #include "client/sampler_client.h"
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <random>
 
 #include "absl/container/flat_hash_set.h"
@@ -421,6 +427,115 @@ absl::StatusOr<bool> SamplerClient::IsServing(const std::string& service) {
   const grpc::Status status = health_->Check(&context, request, &response);
   if (!status.ok()) return FromGrpcStatus(status);
   return response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+}
+
+// The channel's header (the proto's OpenStepChannelRequest comment is its definition).
+namespace {
+constexpr int64_t kChannelHeader = 64;
+constexpr int kMagicAt = 0, kVersionAt = 4, kRequestSeqAt = 8, kResponseSeqAt = 12,
+              kRequestLenAt = 16, kResponseLenAt = 20, kStateAt = 24, kCapacityAt = 28;
+constexpr uint32_t kChannelOpen = 0, kClosedByWorker = 1;
+
+void FutexWake(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, 1, nullptr, nullptr, 0);
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SamplerClient::StepChannel>> SamplerClient::OpenChannel(
+    int64_t capacity_bytes) {
+  if (capacity_bytes < 1 || capacity_bytes > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError("capacity_bytes: outside [1, 2^30]");
+  }
+  std::mt19937_64 rng(std::random_device{}());
+  auto shm = ShmBuffer::Create(absl::StrCat("/samplerd-chan-", getpid(), "-", rng() % 1000000007),
+                               kChannelHeader + 2 * capacity_bytes);
+  if (!shm.ok()) return shm.status();
+  std::unique_ptr<StepChannel> channel(new StepChannel(this, *std::move(shm), capacity_bytes));
+  channel->Word(kMagicAt)->store(0x48434453);
+  channel->Word(kVersionAt)->store(1);
+  channel->Word(kCapacityAt)->store(static_cast<uint32_t>(capacity_bytes));
+  v1::OpenStepChannelRequest request;
+  request.set_shm_name(channel->shm_->shm_name());
+  request.set_capacity_bytes(capacity_bytes);
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::OpenStepChannelResponse response;
+  const grpc::Status status = stub_->OpenStepChannel(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  channel->server_id_ = response.server_id();
+  channel->shm_->Unlink();  // both sides have it mapped: no name left behind by a crash
+  StartKeepAlive();
+  return channel;
+}
+
+SamplerClient::StepChannel::~StepChannel() { Close(); }
+
+std::atomic<uint32_t>* SamplerClient::StepChannel::Word(int offset) const {
+  return reinterpret_cast<std::atomic<uint32_t>*>(static_cast<char*>(shm_->data()) + offset);
+}
+
+void SamplerClient::StepChannel::Close() {
+  if (closed_) return;
+  closed_ = true;
+  Word(kStateAt)->store(kClosedByWorker, std::memory_order_release);
+  FutexWake(Word(kRequestSeqAt));
+}
+
+absl::Status SamplerClient::StepChannel::Wait(uint32_t seq) {
+  std::atomic<uint32_t>* response_seq = Word(kResponseSeqAt);
+  // A short spin (a step on a warm samplerd answers in tens of microseconds), then the futex.
+  const auto spin_end = std::chrono::steady_clock::now() + std::chrono::microseconds(30);
+  while (response_seq->load(std::memory_order_acquire) != seq &&
+         std::chrono::steady_clock::now() < spin_end) {
+  }
+  auto check_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  const timespec poll = {0, 100 * 1000 * 1000};
+  while (true) {
+    const uint32_t current = response_seq->load(std::memory_order_acquire);
+    if (current == seq) return absl::OkStatus();
+    if (Word(kStateAt)->load(std::memory_order_acquire) != kChannelOpen) {
+      return absl::UnavailableError("samplerd closed the step channel");
+    }
+    if (std::chrono::steady_clock::now() > check_at) {
+      // Still there, and the same samplerd? (A killed one never answers.)
+      absl::StatusOr<v1::KeepAliveResponse> alive = client_->KeepAlive();
+      if (!alive.ok()) {
+        return absl::UnavailableError(
+            absl::StrCat("samplerd went away during a channel step: ", alive.status().message()));
+      }
+      if (alive->server_id() != server_id_) {
+        return absl::UnavailableError("samplerd restarted during a channel step (open a new channel)");
+      }
+      check_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    }
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(response_seq), FUTEX_WAIT, current, &poll,
+            nullptr, 0);
+  }
+}
+
+absl::StatusOr<v1::SampleResponse> SamplerClient::StepChannel::Step(
+    const v1::SampleRequest& request) {
+  if (closed_) return absl::CancelledError("the channel is closed");
+  const size_t bytes = request.ByteSizeLong();
+  if (static_cast<int64_t>(bytes) > capacity_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the step's ", bytes, " bytes exceed the channel's capacity of ", capacity_,
+        " (open it with a larger capacity_bytes)"));
+  }
+  char* base = static_cast<char*>(shm_->data());
+  request.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(base + kChannelHeader));
+  Word(kRequestLenAt)->store(static_cast<uint32_t>(bytes), std::memory_order_relaxed);
+  const uint32_t seq = ++seq_;
+  Word(kRequestSeqAt)->store(seq, std::memory_order_release);
+  FutexWake(Word(kRequestSeqAt));
+  if (absl::Status answered = Wait(seq); !answered.ok()) return answered;
+  const uint32_t length = Word(kResponseLenAt)->load(std::memory_order_relaxed);
+  v1::SampleResponse response;
+  if (length > capacity_ ||
+      !response.ParseFromArray(base + kChannelHeader + capacity_, static_cast<int>(length))) {
+    return absl::InternalError("the channel's response is not a SampleResponse");
+  }
+  return response;
 }
 
 }  // namespace samplerd

@@ -99,6 +99,35 @@ class SamplerClient final {
   };
   absl::StatusOr<std::unique_ptr<StepStream>> OpenStream();
 
+  // A co-located worker's step channel (proto OpenStepChannelRequest): the same steps and
+  // answers as a stream's, through a shared-memory object and a futex instead of gRPC, for a
+  // worker on samplerd's host. One step at a time; it does not outlive samplerd (a step during
+  // a restart fails UNAVAILABLE). Holds this client's keep-alive like a registration.
+  class StepChannel {
+   public:
+    ~StepChannel();
+    StepChannel(const StepChannel&) = delete;
+    StepChannel& operator=(const StepChannel&) = delete;
+    // As StepStream::Step. INVALID_ARGUMENT when the request exceeds the capacity.
+    absl::StatusOr<v1::SampleResponse> Step(const v1::SampleRequest& request);
+    // Tells samplerd to stop serving it (also the destructor's).
+    void Close();
+
+   private:
+    friend class SamplerClient;
+    StepChannel(SamplerClient* client, std::unique_ptr<ShmBuffer> shm, int64_t capacity)
+        : client_(client), shm_(std::move(shm)), capacity_(capacity) {}
+    std::atomic<uint32_t>* Word(int offset) const;
+    absl::Status Wait(uint32_t seq);
+    SamplerClient* const client_;
+    const std::unique_ptr<ShmBuffer> shm_;
+    const int64_t capacity_;
+    std::string server_id_;
+    uint32_t seq_ = 0;
+    bool closed_ = false;
+  };
+  absl::StatusOr<std::unique_ptr<StepChannel>> OpenChannel(int64_t capacity_bytes = 4 << 20);
+
   // Registers `shm` as `name`, then unlinks its name from /dev/shm (ShmBuffer says why).
   // A registration belongs to this client: samplerd keeps it while the client is alive, which
   // the client shows by its calls and by a KeepAlive it sends by itself every lease / 3 from

@@ -10,7 +10,7 @@
 //                                                  liveness probes that must pass while it
 //                                                  drains)
 //   samplerctl bench --target=ADDR [--streams=1] [--rows=16] [--vocab=129280] [--steps=200]
-//                    [--source=inline|shm|cuda_ipc] [--mode=unary|stream]
+//                    [--source=inline|shm|cuda_ipc] [--mode=unary|stream|channel]
 //
 // FILE holds protobuf JSON (one SampleRequest, a JSON array, or {"steps": [...]}); "-" reads
 // standard input. Exit status: 0 on success, 2 for bad usage, 1 otherwise (reason on stderr).
@@ -50,7 +50,7 @@ constexpr char kUsage[] =
     "  --live              [off] exit 0 whenever the server answers, SERVING or NOT_SERVING\n"
     "                      (for liveness probes, which must pass while it drains); health\n"
     "  --streams=N [1] --rows=N [16] --vocab=N [129280] --steps=N [200] --warmup=N [10]\n"
-    "  --source=inline|shm|cuda_ipc [inline] --mode=unary|stream [unary]; bench\n"
+    "  --source=inline|shm|cuda_ipc [inline] --mode=unary|stream|channel [unary]; bench\n"
     "FILE: protobuf JSON, one SampleRequest, an array, or {\"steps\": [...]}; - = stdin\n"
     "exit status: 0 success, 1 failure (reason on stderr), 2 bad usage\n";
 
@@ -210,12 +210,13 @@ int Bench(const Args& args) {
   const std::optional<samplerd::LoadOptions::Source> source =
       samplerd::ParseSource(args.Get("source", "inline"));
   const std::string mode = args.Get("mode", "unary");
-  if (!source.has_value() || (mode != "unary" && mode != "stream")) {
-    std::cerr << "samplerctl: --source=inline|shm|cuda_ipc, --mode=unary|stream\n";
+  if (!source.has_value() || (mode != "unary" && mode != "stream" && mode != "channel")) {
+    std::cerr << "samplerctl: --source=inline|shm|cuda_ipc, --mode=unary|stream|channel\n";
     return 2;
   }
   options.source = *source;
   options.streaming = mode == "stream";
+  options.channel = mode == "channel";
   auto report = RunLoad(options);
   if (!report.ok()) return Fail(report.status());
   std::cout << FormatReport(options, *report);

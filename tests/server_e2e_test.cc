@@ -306,6 +306,46 @@ TEST_F(ServerE2E, StreamAnswersAFailedStepAndGoesOn) {
   EXPECT_TRUE((*stream)->Close().ok());
 }
 
+// The co-located step channel (C++ client): the stream's answers, bitwise (timings aside), a
+// step-level fault answered in place, the channel going on, and a request over its capacity
+// refused by the client.
+TEST_F(ServerE2E, StepChannelAnswersAsTheStream) {
+  ASSERT_NO_FATAL_FAILURE(StartServer());
+  auto stream = client_->OpenStream();
+  ASSERT_TRUE(stream.ok());
+  auto channel = client_->OpenChannel(/*capacity_bytes=*/1 << 16);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  for (uint64_t id = 1; id <= 20; ++id) {
+    v1::SampleRequest step = SmallStep(id, 1 + static_cast<int>(id % 4));
+    if (id % 5 == 0) step.mutable_inputs()->mutable_requests(0)->mutable_params()->set_top_p(0.0f);
+    auto want = (*stream)->Step(step);
+    auto got = (*channel)->Step(step);
+    ASSERT_TRUE(want.ok() && got.ok()) << got.status();
+    EXPECT_EQ(got->step_id(), id);
+    ASSERT_EQ(got->results_size(), want->results_size());
+    for (int i = 0; i < got->results_size(); ++i) {
+      EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(want->results(i),
+                                                                     got->results(i)))
+          << "step " << id << " request " << i;
+    }
+  }
+  v1::SampleRequest bad = SmallStep(30);
+  bad.mutable_inputs()->set_vocab_size(1000);
+  auto refused = (*channel)->Step(bad);
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->error().code(), 3);
+  EXPECT_THAT(refused->error().message(), HasSubstr("inputs.vocab_size"));
+  v1::SampleRequest big = SmallStep(31);
+  big.mutable_logits()->set_data(std::string(1 << 17, '\0'));
+  EXPECT_EQ((*channel)->Step(big).status().code(), absl::StatusCode::kInvalidArgument);
+  auto after = (*channel)->Step(SmallStep(32));
+  ASSERT_TRUE(after.ok());
+  EXPECT_FALSE(after->has_error());
+  (*channel)->Close();
+  EXPECT_EQ((*channel)->Step(SmallStep(33)).status().code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE((*stream)->Close().ok());
+}
+
 TEST_F(ServerE2E, BufferLifecycle) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
   auto shm = ShmBuffer::Create("/samplerd-e2e-life-" + std::to_string(getpid()), 4096);
