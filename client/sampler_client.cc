@@ -442,7 +442,7 @@ void FutexWake(std::atomic<uint32_t>* word) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SamplerClient::StepChannel>> SamplerClient::OpenChannel(
-    int64_t capacity_bytes) {
+    int64_t capacity_bytes, absl::Duration spin) {
   if (capacity_bytes < 1 || capacity_bytes > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError("capacity_bytes: outside [1, 2^30]");
   }
@@ -450,7 +450,8 @@ absl::StatusOr<std::unique_ptr<SamplerClient::StepChannel>> SamplerClient::OpenC
   auto shm = ShmBuffer::Create(absl::StrCat("/samplerd-chan-", getpid(), "-", rng() % 1000000007),
                                kChannelHeader + 2 * capacity_bytes);
   if (!shm.ok()) return shm.status();
-  std::unique_ptr<StepChannel> channel(new StepChannel(this, *std::move(shm), capacity_bytes));
+  std::unique_ptr<StepChannel> channel(
+      new StepChannel(this, *std::move(shm), capacity_bytes, spin));
   channel->Word(kMagicAt)->store(0x48434453);
   channel->Word(kVersionAt)->store(1);
   channel->Word(kCapacityAt)->store(static_cast<uint32_t>(capacity_bytes));
@@ -483,8 +484,8 @@ void SamplerClient::StepChannel::Close() {
 
 absl::Status SamplerClient::StepChannel::Wait(uint32_t seq) {
   std::atomic<uint32_t>* response_seq = Word(kResponseSeqAt);
-  // A short spin (a step on a warm samplerd answers in tens of microseconds), then the futex.
-  const auto spin_end = std::chrono::steady_clock::now() + std::chrono::microseconds(30);
+  // Polling first (OpenChannel's `spin`), then the futex.
+  const auto spin_end = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(spin_);
   while (response_seq->load(std::memory_order_acquire) != seq &&
          std::chrono::steady_clock::now() < spin_end) {
   }

@@ -34,6 +34,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "client/shm_buffer.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "samplerd/v1/sampler.grpc.pb.h"
@@ -115,18 +116,25 @@ class SamplerClient final {
 
    private:
     friend class SamplerClient;
-    StepChannel(SamplerClient* client, std::unique_ptr<ShmBuffer> shm, int64_t capacity)
-        : client_(client), shm_(std::move(shm)), capacity_(capacity) {}
+    StepChannel(SamplerClient* client, std::unique_ptr<ShmBuffer> shm, int64_t capacity,
+                absl::Duration spin)
+        : client_(client), shm_(std::move(shm)), capacity_(capacity), spin_(spin) {}
     std::atomic<uint32_t>* Word(int offset) const;
     absl::Status Wait(uint32_t seq);
     SamplerClient* const client_;
     const std::unique_ptr<ShmBuffer> shm_;
     const int64_t capacity_;
+    const absl::Duration spin_;
     std::string server_id_;
     uint32_t seq_ = 0;
     bool closed_ = false;
   };
-  absl::StatusOr<std::unique_ptr<StepChannel>> OpenChannel(int64_t capacity_bytes = 4 << 20);
+  // `spin`: how long a step's wait polls before it sleeps on the futex. Polling keeps the
+  // wake-up (tens of microseconds on a busy host) off the step's latency, for a thread that
+  // has nothing else to do meanwhile (a worker waiting for its tokens): 112 -> 68 us a step at
+  // 16 rows on the 2-core development machine.
+  absl::StatusOr<std::unique_ptr<StepChannel>> OpenChannel(
+      int64_t capacity_bytes = 4 << 20, absl::Duration spin = absl::Microseconds(500));
 
   // Registers `shm` as `name`, then unlinks its name from /dev/shm (ShmBuffer says why).
   // A registration belongs to this client: samplerd keeps it while the client is alive, which

@@ -34,7 +34,6 @@ _MAGIC, _VERSION = 0x48434453, 1
 # Words (u32) of the header, by index.
 _REQUEST_SEQ, _RESPONSE_SEQ, _REQUEST_LEN, _RESPONSE_LEN, _STATE, _CAPACITY = 2, 3, 4, 5, 6, 7
 _OPEN, _CLOSED_BY_WORKER = 0, 1
-_SPIN_SECONDS = 30e-6
 
 
 class _Timespec(ctypes.Structure):
@@ -46,13 +45,17 @@ _POLL = _Timespec(0, 100_000_000)  # each futex wait: 100 ms, then the state is 
 
 class StepChannel:
     """A step channel of `capacity_bytes` a direction (a request or a response larger than it
-    fails: raise it for many rows with large top-logprob lists)."""
+    fails: raise it for many rows with large top-logprob lists). A step's wait polls for
+    `spin_seconds` before it sleeps on the futex: the wake-up (tens of microseconds on a busy
+    host) stays off the step's latency, for a worker that has nothing else to do meanwhile
+    (the poll holds the GIL)."""
 
-    def __init__(self, client, capacity_bytes: int = 4 << 20):
+    def __init__(self, client, capacity_bytes: int = 4 << 20, spin_seconds: float = 500e-6):
         if _SYS_FUTEX is None:
             raise OSError(f"step channels need Linux on x86-64 or aarch64, not {platform.machine()}")
         self._client = client
         self._capacity = capacity_bytes
+        self._spin = spin_seconds
         self._region = ShmRegion(_HEADER + 2 * capacity_bytes)
         self._map = self._region._map
         self._words = (ctypes.c_uint32 * 16).from_buffer(self._map)
@@ -97,7 +100,7 @@ class StepChannel:
 
     def _wait(self):
         words, seq = self._words, self._seq
-        end = time.perf_counter() + _SPIN_SECONDS
+        end = time.perf_counter() + self._spin
         while words[_RESPONSE_SEQ] != seq and time.perf_counter() < end:
             pass
         check_at = time.monotonic() + 1.0

@@ -290,10 +290,10 @@ class SamplerClient(_Base):
         """A SampleStream step loop (cheaper per step than unary calls)."""
         return StepStream(self)
 
-    def channel(self, capacity_bytes: int = 4 << 20) -> StepChannel:
+    def channel(self, capacity_bytes: int = 4 << 20, spin_seconds: float = 500e-6) -> StepChannel:
         """A co-located step channel (samplerd.channel): the same steps and answers as a
         stream's, through shared memory, for a worker on samplerd's host."""
-        return StepChannel(self, capacity_bytes)
+        return StepChannel(self, capacity_bytes, spin_seconds)
 
     def register_shm(self, region: ShmRegion, name: Optional[str] = None) -> str:
         """Registers `region` (as `name`, default its shm name), then unlinks its name from
