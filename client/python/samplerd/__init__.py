@@ -10,7 +10,7 @@ See examples/decode_loop.py for a worker's step loop over shared memory, and sam
 PyTorch CUDA tensors.
 """
 from ._proto import pb
-from .channel import StepChannel
+from .channel import AsyncStepChannel, StepChannel
 from .client import AsyncSamplerClient, AsyncStepStream, SamplerClient, StepStream
 from .cuda import CudaRegion, ReadyEvent
 from .errors import RequestError, SamplerError
@@ -21,7 +21,7 @@ from .step import (CudaLogits, Decode, Draft, NcclLogits, Prefill, SamplingParam
 
 __version__ = "0.1.0"
 __all__ = [
-    "pb", "SamplerClient", "StepChannel", "AsyncSamplerClient", "StepStream", "AsyncStepStream", "CudaRegion",
+    "pb", "SamplerClient", "StepChannel", "AsyncStepChannel", "AsyncSamplerClient", "StepStream", "AsyncStepStream", "CudaRegion",
     "ReadyEvent", "SamplerError", "RequestError", "RequestResult", "StepResult", "ShmRegion",
     "Prefill", "Decode", "Draft", "SamplingParams", "ShmLogits", "CudaLogits", "NcclLogits",
     "build_step",

@@ -13,6 +13,7 @@ than a second it asks samplerd whether it is still there (KeepAlive), and a samp
 away or restarted fails the step with UNAVAILABLE: the channel does not outlive samplerd (open
 a new one; a SampleStream resumes by itself). Linux only (x86-64, aarch64).
 """
+import asyncio
 import ctypes
 import platform
 import struct
@@ -51,6 +52,17 @@ class StepChannel:
     (the poll holds the GIL)."""
 
     def __init__(self, client, capacity_bytes: int = 4 << 20, spin_seconds: float = 500e-6):
+        self._prepare(client, capacity_bytes, spin_seconds)
+        try:
+            reply = client._call("OpenStepChannel", self._open_request())
+        except BaseException:
+            self._release()
+            raise
+        self._opened(reply)
+        self._keep_alive = lambda: client._call("KeepAlive", pb.KeepAliveRequest())
+
+    def _prepare(self, client, capacity_bytes, spin_seconds):
+        """Creates and maps the object and writes its header (before the open rpc)."""
         if _SYS_FUTEX is None:
             raise OSError(f"step channels need Linux on x86-64 or aarch64, not {platform.machine()}")
         self._client = client
@@ -64,15 +76,15 @@ class StepChannel:
         self._request_word = ctypes.c_void_p(base + 4 * _REQUEST_SEQ)
         self._response_word = ctypes.c_void_p(base + 4 * _RESPONSE_SEQ)
         self._seq = 0
-        try:
-            reply = client._call("OpenStepChannel", pb.OpenStepChannelRequest(
-                shm_name=self._region.name, capacity_bytes=capacity_bytes))
-        except BaseException:
-            self._release()
-            raise
+
+    def _open_request(self):
+        return pb.OpenStepChannelRequest(shm_name=self._region.name,
+                                         capacity_bytes=self._capacity)
+
+    def _opened(self, reply):
         self.channel_id, self._server_id = reply.channel_id, reply.server_id
         self._region.unlink()  # both sides have it mapped: no name left behind by a crash
-        client._start_keepalive()
+        self._client._start_keepalive()
 
     def step(self, logits, requests, **kw):
         """One step (as StepStream.step): its StepResult, or SamplerError for a step-level
@@ -118,7 +130,7 @@ class StepChannel:
 
     def _check_server(self):
         try:
-            reply = self._client._call("KeepAlive", pb.KeepAliveRequest())
+            reply = self._keep_alive()
         except SamplerError as e:
             raise SamplerError(grpc.StatusCode.UNAVAILABLE,
                                f"samplerd went away during a channel step: {e}") from None
@@ -144,3 +156,53 @@ class StepChannel:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class AsyncStepChannel:
+    """The step channel for asyncio workers (`await AsyncSamplerClient.channel()`): the same
+    steps and answers; the wait for an answer runs in a thread of the loop's default executor,
+    so the event loop goes on meanwhile.
+
+        async with await client.channel() as channel:
+            step = await channel.step(logits, requests)
+    """
+
+    def __init__(self, channel: StepChannel):
+        self._channel = channel
+
+    @classmethod
+    async def open(cls, client, capacity_bytes: int = 4 << 20, spin_seconds: float = 500e-6):
+        channel = StepChannel.__new__(StepChannel)
+        channel._prepare(client, capacity_bytes, spin_seconds)
+        try:
+            reply = await client._call("OpenStepChannel", channel._open_request())
+        except BaseException:
+            channel._release()
+            raise
+        channel._opened(reply)
+        loop = asyncio.get_running_loop()
+        # Called from the executor's thread while a step waits: the rpc runs on the loop.
+        channel._keep_alive = lambda: asyncio.run_coroutine_threadsafe(
+            client._call("KeepAlive", pb.KeepAliveRequest()), loop).result()
+        return cls(channel)
+
+    @property
+    def channel_id(self) -> str:
+        return self._channel.channel_id
+
+    async def step(self, logits, requests, **kw):
+        return await self.step_request(self._channel._client.build(logits, requests, **kw))
+
+    async def step_request(self, request):
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self._channel.step_request, request)
+
+    def close(self):
+        self._channel.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        self.close()
+

@@ -26,7 +26,7 @@ from typing import List, Optional, Sequence
 import grpc
 
 from ._proto import SERVICE, pb
-from .channel import StepChannel
+from .channel import AsyncStepChannel, StepChannel
 from .cuda import CudaRegion
 from .errors import SamplerError, status_code
 from .results import StepResult
@@ -565,6 +565,11 @@ class AsyncSamplerClient(_Base):
 
     def stream(self) -> "AsyncStepStream":
         return AsyncStepStream(self)
+
+    async def channel(self, capacity_bytes: int = 4 << 20,
+                      spin_seconds: float = 500e-6) -> AsyncStepChannel:
+        """As SamplerClient.channel, for asyncio (its wait runs in the default executor)."""
+        return await AsyncStepChannel.open(self, capacity_bytes, spin_seconds)
 
     async def register_shm(self, region: ShmRegion, name: Optional[str] = None) -> str:
         """As SamplerClient.register_shm (the keep-alive is a task on this event loop)."""

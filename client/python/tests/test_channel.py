@@ -2,6 +2,7 @@
 SampleStream, bitwise; a step-level fault fails only its step; a killed worker's channel is
 closed with its lease; a closed channel is dropped. The hostile header words and bytes are
 server/step_channel_test's."""
+import asyncio
 import os
 import signal
 import subprocess
@@ -69,6 +70,26 @@ def test_the_channel_answers_as_the_stream_bitwise(lease_server):
         del x, logits, requests
         client.unregister(region.buffer_name)
         region.close()
+
+
+def test_the_asyncio_channel_answers_as_the_blocking_one(lease_server):
+    x = np.random.default_rng(3).normal(0, 2, (ROWS, VOCAB)).astype(np.float32)
+    requests = [Prefill(f"a{i}", row=i, params=SamplingParams(seed=i, top_logprobs=2))
+                for i in range(ROWS)]
+    with samplerd.SamplerClient(lease_server.target, client_id="chan-d") as client:
+        with client.channel() as channel:
+            want = answers(channel.step(x, requests, step_id=1))
+
+    async def run():
+        async with samplerd.AsyncSamplerClient(lease_server.target, client_id="chan-e") as ac:
+            async with await ac.channel() as channel:
+                # Two steps one after the other, while the loop runs another task.
+                ticks = asyncio.create_task(asyncio.sleep(0.01))
+                got = [answers(await channel.step(x, requests, step_id=1)) for _ in range(2)]
+                await ticks
+                return got
+
+    assert asyncio.run(run()) == [want, want]
 
 
 def test_a_step_level_fault_fails_only_its_step(lease_server):
