@@ -6,7 +6,6 @@ sequence of ints, masks take xgrammar/numpy int32 bitmask rows (ceil(V / 32) wor
 of word t / 32 set = token t allowed) or bytes.
 """
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -47,20 +46,17 @@ class SamplingParams:
     logit_bias: Optional[Mapping[int, float]] = None
 
     def __setattr__(self, name, value):
-        # Lists are kept as tuples and the bias as a read-only copy, so the encoded message
-        # cached below cannot go stale behind the object's back; any assignment drops it.
-        if name in ("allowed_token_ids", "stop_token_ids"):
-            value = tuple(int(t) for t in value)
-        elif name == "bad_words":
-            value = tuple(tuple(int(t) for t in word) for word in value)
-        elif name == "logit_bias" and value is not None:
-            value = MappingProxyType({int(t): float(b) for t, b in value.items()})
         object.__setattr__(self, name, value)
-        object.__setattr__(self, "_encoded", None)
+        object.__setattr__(self, "_encoded", None)  # any assignment re-encodes
 
     def fill(self, msg):
         # A decode loop sends the same parameters for every request of every step (issue 29
-        # measured building them): encoded once, merged as bytes after that.
+        # measured building them): scalars only (what assignment alone can change) are encoded
+        # once and merged as bytes after that; token lists, which a caller may change in place,
+        # are written every time.
+        if self.allowed_token_ids or self.bad_words or self.stop_token_ids or self.logit_bias:
+            self._fill_fields(msg)
+            return
         encoded = self._encoded
         if encoded is None:
             params = pb.SamplingParams()

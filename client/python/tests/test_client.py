@@ -215,3 +215,24 @@ def test_example_decode_loop_runs(server):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "generated 32 tokens" in out.stdout, out.stdout
+
+
+def test_sampling_params_changes_reach_the_next_request():
+    """SamplingParams caches its encoded scalars (issue 29): an assignment, and a token list
+    or bias changed in place, must still reach the next request built from it."""
+    params = SamplingParams(temperature=0.5, seed=3)
+    first = samplerd.pb.SamplingParams()
+    params.fill(first)
+    params.temperature = 0.25
+    second = samplerd.pb.SamplingParams()
+    params.fill(second)
+    assert (first.temperature, second.temperature, second.seq_seed) == (0.5, 0.25, 3)
+    params.stop_token_ids = [1]
+    params.stop_token_ids.append(7)
+    params.logit_bias = {4: 1.0}
+    params.logit_bias[5] = 2.0
+    third = samplerd.pb.SamplingParams()
+    params.fill(third)
+    assert list(third.stop_token_ids) == [1, 7]
+    assert dict(third.logit_bias) == {4: 1.0, 5: 2.0}
+    assert third.temperature == 0.25
