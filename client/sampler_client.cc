@@ -1,8 +1,5 @@
 #include "client/sampler_client.h"
 
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +9,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "samplerd/v1/step_channel_layout.h"
 
 namespace samplerd {
 namespace {
@@ -429,16 +427,21 @@ absl::StatusOr<bool> SamplerClient::IsServing(const std::string& service) {
   return response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
 }
 
-// The channel's header (the proto's OpenStepChannelRequest comment is its definition).
+// The channel's header: samplerd/v1/step_channel_layout.h.
 namespace {
-constexpr int64_t kChannelHeader = 64;
-constexpr int kMagicAt = 0, kVersionAt = 4, kRequestSeqAt = 8, kResponseSeqAt = 12,
-              kRequestLenAt = 16, kResponseLenAt = 20, kStateAt = 24, kCapacityAt = 28;
-constexpr uint32_t kChannelOpen = 0, kClosedByWorker = 1;
-
-void FutexWake(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, 1, nullptr, nullptr, 0);
-}
+using channel_layout::FutexWait;
+using channel_layout::FutexWake;
+using channel_layout::kCapacityAt;
+using channel_layout::kClosedByWorker;
+using channel_layout::kHeaderBytes;
+using channel_layout::kMagicAt;
+using channel_layout::kOpen;
+using channel_layout::kRequestLenAt;
+using channel_layout::kRequestSeqAt;
+using channel_layout::kResponseLenAt;
+using channel_layout::kResponseSeqAt;
+using channel_layout::kStateAt;
+using channel_layout::kVersionAt;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SamplerClient::StepChannel>> SamplerClient::OpenChannel(
@@ -448,12 +451,12 @@ absl::StatusOr<std::unique_ptr<SamplerClient::StepChannel>> SamplerClient::OpenC
   }
   std::mt19937_64 rng(std::random_device{}());
   auto shm = ShmBuffer::Create(absl::StrCat("/samplerd-chan-", getpid(), "-", rng() % 1000000007),
-                               kChannelHeader + 2 * capacity_bytes);
+                               kHeaderBytes + 2 * capacity_bytes);
   if (!shm.ok()) return shm.status();
   std::unique_ptr<StepChannel> channel(
       new StepChannel(this, *std::move(shm), capacity_bytes, spin));
-  channel->Word(kMagicAt)->store(0x48434453);
-  channel->Word(kVersionAt)->store(1);
+  channel->Word(kMagicAt)->store(channel_layout::kMagic);
+  channel->Word(kVersionAt)->store(channel_layout::kVersion);
   channel->Word(kCapacityAt)->store(static_cast<uint32_t>(capacity_bytes));
   v1::OpenStepChannelRequest request;
   request.set_shm_name(channel->shm_->shm_name());
@@ -472,7 +475,7 @@ absl::StatusOr<std::unique_ptr<SamplerClient::StepChannel>> SamplerClient::OpenC
 SamplerClient::StepChannel::~StepChannel() { Close(); }
 
 std::atomic<uint32_t>* SamplerClient::StepChannel::Word(int offset) const {
-  return reinterpret_cast<std::atomic<uint32_t>*>(static_cast<char*>(shm_->data()) + offset);
+  return channel_layout::Word(shm_->data(), offset);
 }
 
 void SamplerClient::StepChannel::Close() {
@@ -494,7 +497,7 @@ absl::Status SamplerClient::StepChannel::Wait(uint32_t seq) {
   while (true) {
     const uint32_t current = response_seq->load(std::memory_order_acquire);
     if (current == seq) return absl::OkStatus();
-    if (Word(kStateAt)->load(std::memory_order_acquire) != kChannelOpen) {
+    if (Word(kStateAt)->load(std::memory_order_acquire) != kOpen) {
       return absl::UnavailableError("samplerd closed the step channel");
     }
     if (std::chrono::steady_clock::now() > check_at) {
@@ -509,8 +512,7 @@ absl::Status SamplerClient::StepChannel::Wait(uint32_t seq) {
       }
       check_at = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     }
-    syscall(SYS_futex, reinterpret_cast<uint32_t*>(response_seq), FUTEX_WAIT, current, &poll,
-            nullptr, 0);
+    FutexWait(response_seq, current, poll);
   }
 }
 
@@ -524,7 +526,7 @@ absl::StatusOr<v1::SampleResponse> SamplerClient::StepChannel::Step(
         " (open it with a larger capacity_bytes)"));
   }
   char* base = static_cast<char*>(shm_->data());
-  request.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(base + kChannelHeader));
+  request.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(base + kHeaderBytes));
   Word(kRequestLenAt)->store(static_cast<uint32_t>(bytes), std::memory_order_relaxed);
   const uint32_t seq = ++seq_;
   Word(kRequestSeqAt)->store(seq, std::memory_order_release);
@@ -533,7 +535,7 @@ absl::StatusOr<v1::SampleResponse> SamplerClient::StepChannel::Step(
   const uint32_t length = Word(kResponseLenAt)->load(std::memory_order_relaxed);
   v1::SampleResponse response;
   if (length > capacity_ ||
-      !response.ParseFromArray(base + kChannelHeader + capacity_, static_cast<int>(length))) {
+      !response.ParseFromArray(base + kHeaderBytes + capacity_, static_cast<int>(length))) {
     return absl::InternalError("the channel's response is not a SampleResponse");
   }
   return response;

@@ -155,9 +155,7 @@ SamplerService::SamplerService(Backend& backend, BufferRegistry& registry, Group
         for (const std::string& owner : leases_.TakeExpired(absl::Now())) {
           ReleaseOwner(owner, "lease_expired");
         }
-        if (const int closed = DropChannels(""); closed > 0) {
-          spdlog::info("dropped {} closed step channels", closed);
-        }
+        DropChannels("", nullptr);
         reaper_mu_.Lock();
       }
     });
@@ -179,7 +177,7 @@ SamplerService::~SamplerService() {
   channels.clear();
 }
 
-int SamplerService::DropChannels(const std::string& owner) {
+void SamplerService::DropChannels(const std::string& owner, const char* why) {
   std::vector<std::unique_ptr<StepChannel>> dropped;
   {
     absl::MutexLock lock(&channels_mu_);
@@ -194,13 +192,16 @@ int SamplerService::DropChannels(const std::string& owner) {
     }
     if (!dropped.empty()) metrics_.SetStepChannels(static_cast<int>(channels_.size()));
   }
-  return static_cast<int>(dropped.size());  // their threads are joined here, unlocked
-}
+  if (dropped.empty()) return;
+  if (owner.empty()) {
+    spdlog::info("dropped {} closed step channels", dropped.size());
+  } else {
+    spdlog::info("closed {} step channels of {}: {}", dropped.size(), owner, why);
+  }
+}  // their threads are joined here, unlocked
 
 void SamplerService::ReleaseOwner(const std::string& owner, const char* why) {
-  if (const int channels = DropChannels(owner); channels > 0) {
-    spdlog::info("closed {} step channels of {}: {}", channels, owner, why);
-  }
+  DropChannels(owner, why);
   const BufferRegistry::Released released = registry_.ReleaseOwner(owner);
   leases_.Forget(owner);
   metrics_.SetRegisteredBuffers(registry_.Size(), registry_.BytesHeld());
@@ -585,9 +586,7 @@ grpc::Status SamplerService::OpenStepChannel(grpc::ServerContext* context,
                                      " exceeds the server's max_message_bytes of ",
                                      options_.max_message_bytes));
   }
-  if (const int closed = DropChannels(""); closed > 0) {  // those their workers closed
-    spdlog::info("dropped {} closed step channels", closed);
-  }
+  DropChannels("", nullptr);  // those their workers closed
   {
     absl::MutexLock lock(&channels_mu_);
     if (channels_.size() >= kMaxStepChannels) {

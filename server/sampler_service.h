@@ -138,8 +138,9 @@ class SamplerService final : public v1::Sampler::Service {
   absl::Mutex channels_mu_;
   absl::flat_hash_map<std::string, OwnedChannel> channels_ ABSL_GUARDED_BY(channels_mu_);
   int64_t next_channel_ ABSL_GUARDED_BY(channels_mu_) = 0;
-  // Closes the owner's channels ("" = those their workers closed); returns how many.
-  int DropChannels(const std::string& owner);
+  // Closes and logs the owner's channels (`why`: ReleaseOwner's reason), or with owner ""
+  // those their workers closed.
+  void DropChannels(const std::string& owner, const char* why);
   absl::Mutex reaper_mu_;
   bool reaper_stop_ ABSL_GUARDED_BY(reaper_mu_) = false;
   std::thread reaper_;

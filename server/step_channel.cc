@@ -1,12 +1,5 @@
 #include "server/step_channel.h"
 
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -14,18 +7,21 @@
 namespace samplerd {
 namespace {
 
-static_assert(sizeof(std::atomic<uint32_t>) == 4 && std::atomic<uint32_t>::is_always_lock_free,
-              "the channel's words are shared with other processes");
-
-// Shared (not FUTEX_PRIVATE): the worker's process waits and wakes on the same words.
-void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, absl::Duration timeout) {
-  const timespec ts = absl::ToTimespec(timeout);
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-void FutexWake(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, 1, nullptr, nullptr, 0);
-}
+using channel_layout::FutexWait;
+using channel_layout::FutexWake;
+using channel_layout::kCapacityAt;
+using channel_layout::kClosedByServer;
+using channel_layout::kHeaderBytes;
+using channel_layout::kMagic;
+using channel_layout::kMagicAt;
+using channel_layout::kOpen;
+using channel_layout::kRequestLenAt;
+using channel_layout::kRequestSeqAt;
+using channel_layout::kResponseLenAt;
+using channel_layout::kResponseSeqAt;
+using channel_layout::kStateAt;
+using channel_layout::kVersion;
+using channel_layout::kVersionAt;
 
 v1::SampleResponse ErrorResponse(uint64_t step_id, absl::StatusCode code, const std::string& what) {
   v1::SampleResponse response;
@@ -90,8 +86,7 @@ StepChannel::~StepChannel() {
 }
 
 std::atomic<uint32_t>* StepChannel::Word(int offset) const {
-  return reinterpret_cast<std::atomic<uint32_t>*>(static_cast<char*>(region_->mutable_data()) +
-                                                  offset);
+  return channel_layout::Word(region_->mutable_data(), offset);
 }
 
 void StepChannel::Answer(uint32_t seq, const v1::SampleResponse& response) {
@@ -121,7 +116,7 @@ void StepChannel::Serve(uint32_t seen) {
     if (Word(kStateAt)->load(std::memory_order_acquire) != kOpen) break;
     const uint32_t seq = request_seq->load(std::memory_order_acquire);
     if (seq == seen) {
-      FutexWait(request_seq, seen, kPoll);
+      FutexWait(request_seq, seen, absl::ToTimespec(kPoll));
       continue;
     }
     seen = seq;

@@ -26,21 +26,14 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "samplerd/v1/sampler.pb.h"
+#include "samplerd/v1/step_channel_layout.h"
 #include "server/shm_region.h"
 
 namespace samplerd {
 
 class StepChannel {
  public:
-  // The channel's header (all words little-endian u32, naturally aligned).
-  static constexpr uint32_t kMagic = 0x48434453;  // "SDCH"
-  static constexpr uint32_t kVersion = 1;
-  static constexpr int64_t kHeaderBytes = 64;
-  enum Offset : int {
-    kMagicAt = 0, kVersionAt = 4, kRequestSeqAt = 8, kResponseSeqAt = 12, kRequestLenAt = 16,
-    kResponseLenAt = 20, kStateAt = 24, kCapacityAt = 28,
-  };
-  enum State : uint32_t { kOpen = 0, kClosedByWorker = 1, kClosedByServer = 2 };
+  // The header's words and states: samplerd/v1/step_channel_layout.h.
   static constexpr absl::Duration kPoll = absl::Milliseconds(100);
 
   // Runs one step: fills `response` (a refused step: its `error`). The service's step.

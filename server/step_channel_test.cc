@@ -24,7 +24,7 @@ using ::testing::HasSubstr;
 // from step_channel.cc): creates the object, writes requests, waits for answers.
 class Worker {
  public:
-  Worker(int64_t capacity, uint32_t magic = StepChannel::kMagic)
+  Worker(int64_t capacity, uint32_t magic = channel_layout::kMagic)
       : name_("/samplerd-chan-test-" + std::to_string(getpid()) + "-" +
               std::to_string(std::random_device{}())),
         capacity_(capacity),
@@ -157,7 +157,7 @@ TEST(StepChannel, StopsWhenTheWorkerClosesItOrShrinksIt) {
   Worker closing(64);
   auto a = StepChannel::Open(closing.name(), 64, {}, Echo);
   ASSERT_TRUE(a.ok());
-  closing.Word(24)->store(StepChannel::kClosedByWorker);
+  closing.Word(24)->store(channel_layout::kClosedByWorker);
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(closing.Word(8)), FUTEX_WAKE, 1, nullptr,
           nullptr, 0);
   EXPECT_TRUE(WaitUntil([&] { return !(*a)->serving(); }));
@@ -175,7 +175,7 @@ TEST(StepChannel, DestroyingItStopsItsThreadAndTellsTheWorker) {
   auto channel = StepChannel::Open(worker.name(), 64, {}, Echo);
   ASSERT_TRUE(channel.ok());
   channel->reset();
-  EXPECT_EQ(worker.Word(24)->load(), StepChannel::kClosedByServer);
+  EXPECT_EQ(worker.Word(24)->load(), channel_layout::kClosedByServer);
 }
 
 }  // namespace
