@@ -1,0 +1,117 @@
+"""examples/hf_generate.py on a GPU: tokens/s of its generate() (logits in a registered CUDA
+tensor with a ready event, samplerd on its CUDA backend) beside the same loop sampling
+in-process with PyTorch (issue 30, part 3).
+
+The model is transformers' LlamaForCausalLM (8 layers, d = 2048, vocab 128,256, bf16 at random
+weights) where transformers is installed; else (the GPU machine has none) decode_loop_bench's
+plain PyTorch model of that shape behind the forward signature generate() calls, which reads
+equal-length prompts token by token (the printout says which ran).
+
+    python3 bench/hf_example_gpu.py --samplerd=.device-pack/bin/samplerd [--batches=1,16,64]
+"""
+import argparse
+import pathlib
+import sys
+import time
+from types import SimpleNamespace
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "examples"), str(ROOT / "bench")]
+import samplerd  # noqa: E402
+from decode_loop_bench import VOCAB, Model, start_samplerd, torch_sample  # noqa: E402
+from hf_generate import generate  # noqa: E402
+
+
+class PlainLlama(torch.nn.Module):
+    """decode_loop_bench.Model behind the forward signature of a transformers causal LM."""
+
+    def __init__(self, batch, max_len):
+        super().__init__()
+        self.inner = Model(batch=batch, max_len=max_len)
+        self.config = SimpleNamespace(vocab_size=VOCAB)
+        self.device = torch.device("cuda")
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None,
+                use_cache=True, logits_to_keep=0):
+        assert attention_mask is None or bool(attention_mask.all()), "equal-length prompts only"
+        if cache is None:
+            self.inner.pos = 0
+        for j in range(input_ids.shape[1]):
+            logits = self.inner(input_ids[:, j])
+        return SimpleNamespace(logits=logits[:, None, :], cache=self)
+
+
+def make_model(batch, max_len):
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError:
+        return PlainLlama(batch, max_len), "plain PyTorch (decode_loop_bench.Model)"
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=2048, intermediate_size=5632,
+                         num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16,
+                         max_position_embeddings=max_len, pad_token_id=0)
+    return LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval(), "transformers Llama"
+
+
+@torch.no_grad()
+def torch_generate(model, prompts, max_new_tokens, gen):
+    """The same loop, sampling in-process (decode_loop_bench.torch_sample: T 0.7, top-k 50,
+    top-p 0.95, top-5 logprobs); tokens and logprobs to the host each step, as generate()."""
+    ids = torch.tensor(prompts, device="cuda")
+    cache, out = None, []
+    for _ in range(max_new_tokens):
+        step = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        cache = step.cache
+        tokens, top_lp, _ = torch_sample(step.logits[:, -1], gen)
+        host = tokens.cpu()
+        top_lp.cpu()
+        out.append(host)
+        ids = host.to("cuda")[:, None]
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--samplerd", required=True)
+    ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--new_tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    proc, target = start_samplerd(args.samplerd, [])
+    client = samplerd.SamplerClient(target)
+    client.wait_ready()
+    print(f"{torch.cuda.get_device_name()}; samplerd backend {client.server_info().backend}; "
+          f"{args.new_tokens} new tokens a sequence, prompts of 16; best of {args.repeats}")
+    print("| B | model | in-process PyTorch tok/s | samplerd (hf_generate.generate) tok/s | ratio |")
+    print("|---|---|---|---|---|")
+    for B in [int(b) for b in args.batches.split(",")]:
+        model, kind = make_model(B, 16 + args.new_tokens + 8)
+        prompts = [[1 + (7 * s + j) % 1000 for j in range(16)] for s in range(B)]
+        params = [samplerd.SamplingParams(temperature=0.7, top_k=50, top_p=0.95, top_logprobs=5,
+                                          seed=s) for s in range(B)]
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        best = {"torch": 0.0, "samplerd": 0.0}
+        for _ in range(args.repeats + 1):  # the first round warms up and is not counted
+            for name in best:
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                if name == "torch":
+                    n = len(torch_generate(model, prompts, args.new_tokens, gen)) * B
+                else:
+                    n = sum(len(g.tokens) for g in generate(client, model, prompts, params,
+                                                            args.new_tokens))
+                rate = n / (time.perf_counter() - t0)
+                best[name] = max(best[name], rate) if _ else 0.0
+        print(f"| {B} | {kind} | {best['torch']:.0f} | {best['samplerd']:.0f} | "
+              f"{best['samplerd'] / best['torch']:.2f} |", flush=True)
+        del model
+        torch.cuda.empty_cache()
+    client.close()
+    proc.terminate()
+    proc.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

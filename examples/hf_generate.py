@@ -1,0 +1,143 @@
+"""Generation with any Hugging Face causal LM, every token sampled by samplerd.
+
+    pip install ./client/python transformers       (torch too)
+    python3 examples/hf_generate.py [ADDRESS] [MODEL]   (default: a tiny Llama at random weights)
+
+`generate` prefills a batch of prompts (left-padded, as `model.generate` pads them), then
+decodes with the model's KV cache; each sequence has its own SamplingParams (and seed) and
+stops at a stop token or after max_new_tokens. The model's last-position logits reach samplerd
+through one registered pool: shared memory on a CPU host, a CUDA tensor and a ready event on a
+GPU (samplerd then reads them without the worker synchronising). hf_speculative.py adds a
+draft model.
+"""
+import sys
+from dataclasses import dataclass, field
+from typing import List, Sequence
+
+import numpy as np
+import torch
+
+import samplerd
+
+
+class LogitsPool:
+    """[rows, vocab] float32 logits in a region samplerd has registered; `put` fills its first
+    rows and returns what a step sends."""
+
+    def __init__(self, client, rows: int, vocab: int, device: torch.device):
+        self.client, self.cuda = client, device.type == "cuda"
+        if self.cuda:
+            self.pool = torch.empty(rows, vocab, dtype=torch.float32, device=device)
+            self.region = client.register_cuda_tensor(f"hf-logits-{id(self)}", self.pool)
+            self.event = samplerd.ReadyEvent()
+        else:
+            self.region = samplerd.ShmRegion(rows * vocab * 4)
+            self.array = self.region.ndarray((rows, vocab), np.float32)
+            self.pool = torch.from_numpy(self.array)
+            client.register_shm(self.region)
+
+    def put(self, logits: torch.Tensor):
+        n = logits.shape[0]
+        self.pool[:n].copy_(logits)
+        if self.cuda:
+            return samplerd.CudaLogits(self.region, self.pool[:n], self.event.record())
+        return samplerd.ShmLogits(self.region, self.array[:n])
+
+    def close(self):
+        self.client.unregister(self.region.name if self.cuda else self.region.buffer_name)
+        if not self.cuda:
+            del self.pool, self.array
+            try:
+                self.region.close()
+            except BufferError:  # a view still held (an exception's frame): unmapped with it
+                pass
+
+
+@dataclass
+class Generated:
+    """One sequence's new tokens and, per token, its processed logprob and (when the params
+    ask for them) its top logprobs."""
+    tokens: List[int] = field(default_factory=list)
+    logprobs: List[float] = field(default_factory=list)
+    top_ids: List[np.ndarray] = field(default_factory=list)
+    top_logprobs: List[np.ndarray] = field(default_factory=list)
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad: int, device):
+    """input_ids, attention_mask and position_ids of left-padded sequences (as generate)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.tensor([[pad] * (width - len(s)) + list(s) for s in seqs], device=device)
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=device)
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+@torch.no_grad()
+def generate(client, model, prompts, params, max_new_tokens=32, stop_token_ids=(), pad=0):
+    device, batch = model.device, len(prompts)
+    ids, mask, positions = left_pad(prompts, pad, device)
+    out = [Generated() for _ in prompts]
+    live, cache = list(range(batch)), None
+    pool = LogitsPool(client, batch, model.config.vocab_size, device)
+    try:
+        with client.stream() as stream:
+            while live:
+                step = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                             cache=cache, use_cache=True, logits_to_keep=1)
+                cache = step.cache
+                logits = pool.put(step.logits[:, -1, :model.config.vocab_size].float())
+                # One kind of request a step: the first samples the prompts' last rows, then
+                # one decode row each. sample_position = tokens before the one drawn (SPEC 4).
+                requests = []
+                for i in live:
+                    common = dict(request_id=f"seq{i}", params=params[i],
+                                  prompt_token_ids=prompts[i], output_token_ids=out[i].tokens,
+                                  sample_position=len(prompts[i]) + len(out[i].tokens))
+                    requests.append(samplerd.Decode(first_row=i, **common) if out[i].tokens
+                                    else samplerd.Prefill(row=i, **common))
+                results = stream.step(logits, requests)
+                next_ids = torch.full((batch, 1), pad, device=device)
+                for i, result in zip(live, results):
+                    token = int(result.token_ids[0])  # raises if this request failed
+                    out[i].tokens.append(token)
+                    out[i].logprobs.append(float(result.logprobs[0]))
+                    if params[i].top_logprobs:
+                        out[i].top_ids.append(result.top_token_ids[0])
+                        out[i].top_logprobs.append(result.top_logprobs[0])
+                    next_ids[i] = token
+                live = [i for i in live if out[i].tokens[-1] not in stop_token_ids
+                        and len(out[i].tokens) < max_new_tokens]
+                ids, positions = next_ids, positions[:, -1:] + 1
+                mask = torch.cat([mask, torch.ones_like(next_ids)], dim=1)
+    finally:
+        pool.close()
+    return out
+
+
+def tiny_llama(vocab=512, hidden=64, layers=2, seed=0, **config):
+    """A Llama at random weights (no download): what the tests and the default run use."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=512, bos_token_id=None, eos_token_id=None, pad_token_id=0,
+        **config)).eval()
+
+
+if __name__ == "__main__":
+    address = sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1:50051"
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if len(sys.argv) > 2:
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained(sys.argv[2]).to(device).eval()
+    else:
+        model = tiny_llama().to(device)
+    prompts = [[1, 17, 42, 7], [1, 99], [1, 5, 6, 7, 8, 9]]
+    params = [samplerd.SamplingParams(temperature=0),   # greedy
+              samplerd.SamplingParams(temperature=0.8, top_p=0.95, seed=7, top_logprobs=2),
+              samplerd.SamplingParams(temperature=1.0, top_k=40, repetition_penalty=1.2, seed=8)]
+    with samplerd.SamplerClient(address) as client:
+        client.wait_ready()
+        for prompt, gen in zip(prompts, generate(client, model, prompts, params, 16)):
+            print(prompt, "->", gen.tokens)
