@@ -146,7 +146,7 @@ def test_speculative_decoding_emits_the_targets_distribution(client):
 
     Test: Pearson's chi-square over the V^2 = 256 cells (cells expecting < 5 pooled), N = 4,000
     independent seeds, fail at p < 1e-4. Power: detects, 9 times in 10, any distribution whose
-    noncentrality N * sum((p' - p)^2 / p) exceeds `lam90` (printed: 94 here; e.g. 0.011 of the
+    noncentrality N * sum((p' - p)^2 / p) exceeds `lam90` (printed: 94 here; e.g. 0.024 of the
     mass moved from one cell of p = 0.05 to another). The bug "accept every draft" (emitted =
     the draft model's distribution) is checked to lie far beyond it (lam 27,590). Planted in the
     CPU backend, "the replacement drawn from p instead of max(0, p - q)" fails it (chi-square
