@@ -3,13 +3,14 @@ tensor with a ready event, samplerd on its CUDA backend) beside the same loop sa
 in-process with PyTorch (issue 30, part 3).
 
 The model is transformers' LlamaForCausalLM (8 layers, d = 2048, vocab 128,256, bf16 at random
-weights) where transformers is installed; else (the GPU machine has none) decode_loop_bench's
+X
 plain PyTorch model of that shape behind the forward signature generate() calls, which reads
 equal-length prompts token by token (the printout says which ran).
 
     python3 bench/hf_example_gpu.py --samplerd=.device-pack/bin/samplerd [--batches=1,16,64]
 """
 import argparse
+import inspect
 import pathlib
 import sys
 import time
@@ -48,11 +49,14 @@ def make_model(batch, max_len):
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError:
         return PlainLlama(batch, max_len), "plain PyTorch (decode_loop_bench.Model)"
+    import transformers
+
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=2048, intermediate_size=5632,
                          num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16,
                          max_position_embeddings=max_len, pad_token_id=0)
-    return LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval(), "transformers Llama"
+    return (LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval(),
+            f"transformers {transformers.__version__} Llama")
 
 
 @torch.no_grad()
@@ -61,9 +65,11 @@ def torch_generate(model, prompts, max_new_tokens, gen):
     top-p 0.95, top-5 logprobs); tokens and logprobs to the host each step, as generate()."""
     ids = torch.tensor(prompts, device="cuda")
     cache, out = None, []
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters \
+        else "past_key_values"
     for _ in range(max_new_tokens):
-        step = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-        cache = step.cache
+        step = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{cache_arg: cache})
+        cache = getattr(step, cache_arg)
         tokens, top_lp, _ = torch_sample(step.logits[:, -1], gen)
         host = tokens.cpu()
         top_lp.cpu()

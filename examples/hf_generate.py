@@ -10,6 +10,7 @@ through one registered pool: shared memory on a CPU host, a CUDA tensor and a re
 GPU (samplerd then reads them without the worker synchronising). hf_speculative.py adds a
 draft model.
 """
+import inspect
 import sys
 from dataclasses import dataclass, field
 from typing import List, Sequence
@@ -77,13 +78,16 @@ def generate(client, model, prompts, params, max_new_tokens=32, stop_token_ids=(
     ids, mask, positions = left_pad(prompts, pad, device)
     out = [Generated() for _ in prompts]
     live, cache = list(range(batch)), None
+    # The KV cache's name: `cache` in transformers 5, `past_key_values` before.
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters \
+        else "past_key_values"
     pool = LogitsPool(client, batch, model.config.vocab_size, device)
     try:
         with client.stream() as stream:
             while live:
                 step = model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                             cache=cache, use_cache=True, logits_to_keep=1)
-                cache = step.cache
+                             use_cache=True, logits_to_keep=1, **{cache_arg: cache})
+                cache = getattr(step, cache_arg)
                 logits = pool.put(step.logits[:, -1, :model.config.vocab_size].float())
                 # One kind of request a step: the first samples the prompts' last rows, then
                 # one decode row each. sample_position = tokens before the one drawn (SPEC 4).
