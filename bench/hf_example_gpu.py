@@ -11,6 +11,7 @@ equal-length prompts token by token (the printout says which ran).
 """
 import argparse
 import inspect
+import statistics
 import pathlib
 import sys
 import time
@@ -78,6 +79,32 @@ def torch_generate(model, prompts, max_new_tokens, gen):
     return out
 
 
+class StepTimes:
+    """Wraps StepStream.step to keep each call's round trip and the server's times."""
+
+    def __init__(self):
+        self.round_trip, self.server_total, self.kernels = [], [], []
+        inner = samplerd.client.StepStream.step
+
+        def step(stream, *args, **kw):
+            t0 = time.perf_counter()
+            result = inner(stream, *args, **kw)
+            self.round_trip.append(time.perf_counter() - t0)
+            self.server_total.append(result.total_us * 1e-6)
+            self.kernels.append(result.kernel_us * 1e-6)
+            return result
+
+        samplerd.client.StepStream.step = step
+
+    def clear(self):
+        for v in (self.round_trip, self.server_total, self.kernels):
+            v.clear()
+
+    def p50s(self):
+        return tuple(statistics.median(v) * 1e6 for v in
+                     (self.round_trip, self.server_total, self.kernels))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--samplerd", required=True)
@@ -90,8 +117,11 @@ def main():
     client.wait_ready()
     print(f"{torch.cuda.get_device_name()}; samplerd backend {client.server_info().backend}; "
           f"{args.new_tokens} new tokens a sequence, prompts of 16; best of {args.repeats}")
-    print("| B | model | in-process PyTorch tok/s | samplerd (hf_generate.generate) tok/s | ratio |")
-    print("|---|---|---|---|---|")
+    times = StepTimes()
+    print("| B | model | in-process PyTorch tok/s | samplerd (hf_generate.generate) tok/s | ratio "
+          "| per step: samplerd - PyTorch us | stream.step p50 us | server total p50 us "
+          "| kernels p50 us |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for B in [int(b) for b in args.batches.split(",")]:
         model, kind = make_model(B, 16 + args.new_tokens + 8)
         prompts = [[1 + (7 * s + j) % 1000 for j in range(16)] for s in range(B)]
@@ -106,12 +136,15 @@ def main():
                 if name == "torch":
                     n = len(torch_generate(model, prompts, args.new_tokens, gen)) * B
                 else:
+                    times.clear()
                     n = sum(len(g.tokens) for g in generate(client, model, prompts, params,
                                                             args.new_tokens))
                 rate = n / (time.perf_counter() - t0)
                 best[name] = max(best[name], rate) if _ else 0.0
+        extra = (B / best["samplerd"] - B / best["torch"]) * 1e6
         print(f"| {B} | {kind} | {best['torch']:.0f} | {best['samplerd']:.0f} | "
-              f"{best['samplerd'] / best['torch']:.2f} |", flush=True)
+              f"{best['samplerd'] / best['torch']:.2f} | {extra:.0f} | "
+              + " | ".join(f"{t:.0f}" for t in times.p50s()) + " |", flush=True)
         del model
         torch.cuda.empty_cache()
     client.close()

@@ -99,7 +99,7 @@ def generate(client, model, prompts, params, max_new_tokens=32, stop_token_ids=(
                     requests.append(samplerd.Decode(first_row=i, **common) if out[i].tokens
                                     else samplerd.Prefill(row=i, **common))
                 results = stream.step(logits, requests)
-                next_ids = torch.full((batch, 1), pad, device=device)
+                next_ids = [pad] * batch
                 for i, result in zip(live, results):
                     token = int(result.token_ids[0])  # raises if this request failed
                     out[i].tokens.append(token)
@@ -110,8 +110,9 @@ def generate(client, model, prompts, params, max_new_tokens=32, stop_token_ids=(
                     next_ids[i] = token
                 live = [i for i in live if out[i].tokens[-1] not in stop_token_ids
                         and len(out[i].tokens) < max_new_tokens]
-                ids, positions = next_ids, positions[:, -1:] + 1
-                mask = torch.cat([mask, torch.ones_like(next_ids)], dim=1)
+                ids = torch.tensor(next_ids, device=device)[:, None]  # one copy a step
+                positions = positions[:, -1:] + 1
+                mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
     finally:
         pool.close()
     return out
