@@ -23,7 +23,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "examples"), str(ROOT / "bench")]
 import samplerd  # noqa: E402
 from decode_loop_bench import VOCAB, Model, start_samplerd, torch_sample  # noqa: E402
-from hf_generate import generate  # noqa: E402
+from hf_generate import generate, left_pad  # noqa: E402
 
 
 class PlainLlama(torch.nn.Module):
@@ -64,18 +64,22 @@ def make_model(batch, max_len):
 def torch_generate(model, prompts, max_new_tokens, gen):
     """The same loop, sampling in-process (decode_loop_bench.torch_sample: T 0.7, top-k 50,
     top-p 0.95, top-5 logprobs); tokens and logprobs to the host each step, as generate()."""
-    ids = torch.tensor(prompts, device="cuda")
+    ids, mask, positions = left_pad(prompts, 0, "cuda")
     cache, out = None, []
     cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters \
         else "past_key_values"
     for _ in range(max_new_tokens):
-        step = model(input_ids=ids, use_cache=True, logits_to_keep=1, **{cache_arg: cache})
+        # The model called exactly as generate() calls it (mask and positions included).
+        step = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                     logits_to_keep=1, **{cache_arg: cache})
         cache = getattr(step, cache_arg)
         tokens, top_lp, _ = torch_sample(step.logits[:, -1], gen)
-        host = tokens.cpu()
+        host = tokens.tolist()
         top_lp.cpu()
         out.append(host)
-        ids = host.to("cuda")[:, None]
+        ids = torch.tensor(host, device="cuda")[:, None]
+        positions = positions[:, -1:] + 1
+        mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
     return out
 
 
@@ -84,8 +88,10 @@ class StepTimes:
 
     def __init__(self):
         self.round_trip, self.server_total, self.kernels = [], [], []
-        inner = samplerd.client.StepStream.step
+        for cls in (samplerd.client.StepStream, samplerd.channel.StepChannel):
+            cls.step = self._timed(cls.step)
 
+    def _timed(self, inner):
         def step(stream, *args, **kw):
             t0 = time.perf_counter()
             result = inner(stream, *args, **kw)
@@ -93,8 +99,7 @@ class StepTimes:
             self.server_total.append(result.total_us * 1e-6)
             self.kernels.append(result.kernel_us * 1e-6)
             return result
-
-        samplerd.client.StepStream.step = step
+        return step
 
     def clear(self):
         for v in (self.round_trip, self.server_total, self.kernels):
@@ -118,8 +123,8 @@ def main():
     print(f"{torch.cuda.get_device_name()}; samplerd backend {client.server_info().backend}; "
           f"{args.new_tokens} new tokens a sequence, prompts of 16; best of {args.repeats}")
     times = StepTimes()
-    print("| B | model | in-process PyTorch tok/s | samplerd (hf_generate.generate) tok/s | ratio "
-          "| per step: samplerd - PyTorch us | stream.step p50 us | server total p50 us "
+    print("| B | transport | in-process PyTorch tok/s | samplerd (hf_generate.generate) tok/s "
+          "| ratio | per step: samplerd - PyTorch us | step() p50 us | server total p50 us "
           "| kernels p50 us |")
     print("|---|---|---|---|---|---|---|---|---|")
     for B in [int(b) for b in args.batches.split(",")]:
@@ -128,23 +133,29 @@ def main():
         params = [samplerd.SamplingParams(temperature=0.7, top_k=50, top_p=0.95, top_logprobs=5,
                                           seed=s) for s in range(B)]
         gen = torch.Generator(device="cuda").manual_seed(0)
-        best = {"torch": 0.0, "samplerd": 0.0}
-        for _ in range(args.repeats + 1):  # the first round warms up and is not counted
-            for name in best:
+        best = {"torch": 0.0, "channel": 0.0, "stream": 0.0}
+        parts = {}
+        for round_ in range(args.repeats + 1):  # round 0 warms up and is not counted
+            for name in best:  # interleaved: the host's drift falls on each alike
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 if name == "torch":
                     n = len(torch_generate(model, prompts, args.new_tokens, gen)) * B
                 else:
                     times.clear()
-                    n = sum(len(g.tokens) for g in generate(client, model, prompts, params,
-                                                            args.new_tokens))
+                    n = sum(len(g.tokens) for g in generate(
+                        client, model, prompts, params, args.new_tokens, transport=name))
                 rate = n / (time.perf_counter() - t0)
-                best[name] = max(best[name], rate) if _ else 0.0
-        extra = (B / best["samplerd"] - B / best["torch"]) * 1e6
-        print(f"| {B} | {kind} | {best['torch']:.0f} | {best['samplerd']:.0f} | "
-              f"{best['samplerd'] / best['torch']:.2f} | {extra:.0f} | "
-              + " | ".join(f"{t:.0f}" for t in times.p50s()) + " |", flush=True)
+                if round_ and rate > best[name]:
+                    best[name] = rate
+                    if name != "torch":
+                        parts[name] = times.p50s()
+        for name in ("channel", "stream"):
+            extra = (B / best[name] - B / best["torch"]) * 1e6
+            print(f"| {B} | {name} | {best['torch']:.0f} | {best[name]:.0f} | "
+                  f"{best[name] / best['torch']:.2f} | {extra:.0f} | "
+                  + " | ".join(f"{t:.0f}" for t in parts[name]) + " |", flush=True)
+        print(f"model: {kind}")
         del model
         torch.cuda.empty_cache()
     client.close()

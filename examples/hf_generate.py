@@ -7,8 +7,8 @@
 decodes with the model's KV cache; each sequence has its own SamplingParams (and seed) and
 stops at a stop token or after max_new_tokens. The model's last-position logits reach samplerd
 through one registered pool: shared memory on a CPU host, a CUDA tensor and a ready event on a
-GPU (samplerd then reads them without the worker synchronising). hf_speculative.py adds a
-draft model.
+GPU (samplerd then reads them without the worker synchronising); each step goes through the
+step channel (or gRPC's stream). hf_speculative.py adds a draft model.
 """
 import inspect
 import sys
@@ -73,7 +73,11 @@ def left_pad(seqs: Sequence[Sequence[int]], pad: int, device):
 
 
 @torch.no_grad()
-def generate(client, model, prompts, params, max_new_tokens=32, stop_token_ids=(), pad=0):
+def generate(client, model, prompts, params, max_new_tokens=32, stop_token_ids=(), pad=0,
+             transport="channel"):
+    """Each prompt's Generated. transport: "channel" (the step channel: shared memory and a
+    futex, for a worker on samplerd's host, where shm and CUDA IPC logits are anyway) or
+    "stream" (gRPC's SampleStream); the same answers either way."""
     device, batch = model.device, len(prompts)
     ids, mask, positions = left_pad(prompts, pad, device)
     out = [Generated() for _ in prompts]
@@ -83,7 +87,7 @@ def generate(client, model, prompts, params, max_new_tokens=32, stop_token_ids=(
         else "past_key_values"
     pool = LogitsPool(client, batch, model.config.vocab_size, device)
     try:
-        with client.stream() as stream:
+        with (client.channel() if transport == "channel" else client.stream()) as stream:
             while live:
                 step = model(input_ids=ids, attention_mask=mask, position_ids=positions,
                              use_cache=True, logits_to_keep=1, **{cache_arg: cache})

@@ -25,13 +25,14 @@ def last_logits(model, seqs, n, pad=0):
 
 
 def speculative_generate(client, target, draft, prompts, params, k=3, max_new_tokens=32,
-                         stop_token_ids=()):
-    """Returns each sequence's Generated and the accepted drafts / proposed drafts."""
+                         stop_token_ids=(), transport="channel"):
+    """Each sequence's Generated, and accepted drafts / proposed drafts (transport: as
+    hf_generate.generate's)."""
     out = [Generated() for _ in prompts]
     live, accepted, proposed = list(range(len(prompts))), 0, 0
     pool = LogitsPool(client, len(prompts) * (k + 1), target.config.vocab_size, target.device)
     try:
-        with client.stream() as stream:
+        with (client.channel() if transport == "channel" else client.stream()) as stream:
             while live:
                 seqs = {i: list(prompts[i]) + out[i].tokens for i in live}
                 drafts = {i: [] for i in live}

@@ -94,6 +94,9 @@ def test_seeded_sampling_is_reproducible_and_batch_invariant(client, model):
         assert alone[0].tokens == first[i].tokens, f"sequence {i} alone differs"
     reverse = generate(client, model, PROMPTS[::-1], params[::-1], max_new_tokens=20)
     assert [g.tokens for g in reverse[::-1]] == [g.tokens for g in first]
+    # gRPC's stream instead of the step channel: the same answers.
+    streamed = generate(client, model, PROMPTS, params, max_new_tokens=20, transport="stream")
+    assert [(g.tokens, g.logprobs) for g in streamed] == [(g.tokens, g.logprobs) for g in first]
     # And a different seed gives a different sequence (the seed is really used).
     other = generate(client, model, PROMPTS[:1], [samplerd.SamplingParams(
         temperature=0.9, top_p=0.9, seed=999)], max_new_tokens=20)
