@@ -183,7 +183,7 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
   if (options.streams < 1 || options.rows < 1 || options.vocab < 1 || options.steps < 1) {
     return absl::InvalidArgumentError("streams, rows, vocab and steps must be >= 1");
   }
-  auto client = SamplerClient::Connect(options.target);
+  auto client = SamplerClient::Connect(options.target, options.client);
   if (!client.ok()) return client.status();
   // The floor first: the smallest unary call the server answers, on the same channel.
   auto floor = TimeCalls(options, [&](int) { return (*client)->IsServing().status(); });
@@ -220,7 +220,7 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
   // Each stream is one model worker: a connection of its own (16 workers are 16 processes,
   // not 16 streams multiplexed on one connection).
   std::vector<std::unique_ptr<SamplerClient>> clients;
-  ClientOptions own;
+  ClientOptions own = options.client;
   own.own_connection = true;
   for (int s = 0; s < options.streams; ++s) {
     auto connected = SamplerClient::Connect(options.target, own);

@@ -14,11 +14,13 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "client/sampler_client.h"
 
 namespace samplerd {
 
 struct LoadOptions {
   std::string target = "127.0.0.1:50051";
+  ClientOptions client;     // TLS and the like (each stream still gets its own connection)
   int streams = 1;
   int rows = 16;
   int vocab = 129280;

@@ -4,12 +4,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <random>
+#include <sstream>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "samplerd/v1/step_channel_layout.h"
+#include "sampler/status_macros.h"
 
 namespace samplerd {
 namespace {
@@ -29,6 +32,20 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
+namespace {
+
+// A PEM file's contents ("" for no file), or INVALID_ARGUMENT naming the option.
+absl::StatusOr<std::string> ReadClientFile(const std::string& path, const char* option) {
+  if (path.empty()) return std::string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(option, ": cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<SamplerClient>> SamplerClient::Connect(const std::string& target,
                                                                       const ClientOptions& options) {
   if (target.empty()) return absl::InvalidArgumentError("target: required (host:port)");
@@ -42,7 +59,24 @@ absl::StatusOr<std::unique_ptr<SamplerClient>> SamplerClient::Connect(const std:
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!options.tls_ca_file.empty() || !options.tls_cert_file.empty() ||
+      !options.tls_key_file.empty()) {
+    if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+      return absl::InvalidArgumentError(
+          "tls_cert_file, tls_key_file: a client certificate needs its key (give both)");
+    }
+    grpc::SslCredentialsOptions ssl;
+    // An empty CA file name: gRPC's default roots (a public CA's certificate).
+    ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadClientFile(options.tls_ca_file, "tls_ca_file"));
+    ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadClientFile(options.tls_cert_file, "tls_cert_file"));
+    ASSIGN_OR_RETURN(ssl.pem_private_key, ReadClientFile(options.tls_key_file, "tls_key_file"));
+    credentials = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) {
+      args.SetSslTargetNameOverride(options.tls_server_name);
+    }
+  }
+  auto channel = grpc::CreateCustomChannel(target, credentials, args);
   if (channel == nullptr) return absl::InvalidArgumentError(absl::StrCat("target: ", target));
   return std::unique_ptr<SamplerClient>(new SamplerClient(std::move(channel), options));
 }

@@ -52,6 +52,14 @@ struct ClientOptions {
   // regions again with the new samplerd and resends the steps it had no answer for. 0 also
   // turns the rest of that recovery off: the caller then handles restarts itself.
   std::chrono::milliseconds reconnect_timeout{30000};
+  // TLS (a samplerd serving --tls_cert_file): the CA bundle that verifies samplerd's
+  // certificate (PEM file; all three empty = plaintext), and for mutual TLS this client's
+  // certificate chain and private key. `tls_server_name`: the name the certificate must carry,
+  // when it is not the target's host (e.g. "samplerd.llm.svc" reached as 10.0.0.7:50051).
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_server_name;
 };
 
 class SamplerClient final {

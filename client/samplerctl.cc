@@ -43,6 +43,10 @@ constexpr char kUsage[] =
     "  --target=ADDR       [127.0.0.1:50051] samplerd's address (host:port or unix:/path);\n"
     "                      sample, info, health, bench\n"
     "  --timeout_ms=N      [30000] deadline of each unary call; sample, info, health\n"
+    "  --tls_ca=FILE       [plaintext] TLS: the CA bundle (PEM) that verifies samplerd;\n"
+    "  --tls_cert=FILE --tls_key=FILE  mutual TLS: this client's certificate and key;\n"
+    "  --tls_server_name=NAME  the name samplerd's certificate carries, if not the target's\n"
+    "                      host; sample, info, health, bench\n"
     "  --threads=N         [0 = all cores] CPU backend threads; run-local\n"
     "  --stream            [off] send FILE's steps on one SampleStream; sample\n"
     "  --service=S         [\"\"] the health service name (\"\" = the server as a whole, or\n"
@@ -118,8 +122,17 @@ int Fail(const absl::Status& status) {
 
 constexpr char kDefaultTarget[] = "127.0.0.1:50051";  // samplerd's default --listen
 
+// --tls_ca, --tls_cert, --tls_key and --tls_server_name into `options`.
+void TlsFlags(const Args& args, ClientOptions* options) {
+  options->tls_ca_file = args.Get("tls_ca");
+  options->tls_cert_file = args.Get("tls_cert");
+  options->tls_key_file = args.Get("tls_key");
+  options->tls_server_name = args.Get("tls_server_name");
+}
+
 std::unique_ptr<SamplerClient> ConnectOrNull(const Args& args) {
   ClientOptions options;
+  TlsFlags(args, &options);
   int timeout_ms = static_cast<int>(options.timeout.count());
   if (!IntFlag(args, "timeout_ms", &timeout_ms)) return nullptr;
   options.timeout = std::chrono::milliseconds(timeout_ms);
@@ -202,6 +215,7 @@ int Health(const Args& args) {
 int Bench(const Args& args) {
   LoadOptions options;
   options.target = args.Get("target", options.target);
+  TlsFlags(args, &options.client);
   if (!IntFlag(args, "streams", &options.streams) || !IntFlag(args, "rows", &options.rows) ||
       !IntFlag(args, "vocab", &options.vocab) || !IntFlag(args, "steps", &options.steps) ||
       !IntFlag(args, "warmup", &options.warmup)) {

@@ -12,7 +12,7 @@ packages=(
 if [[ ${1:-} != build ]]; then
   # Python tests: the client's, run-local's NumPy reference, the deploy/ checks (their PyPI
   # packages go into virtualenvs: scripts/pyvenv.sh).
-  packages+=(python3 python3-numpy python3-venv ca-certificates)
+  packages+=(python3 python3-numpy python3-venv ca-certificates openssl)
 fi
 missing=()
 for p in "${packages[@]}"; do

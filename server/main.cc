@@ -11,15 +11,20 @@
 #include <grpcpp/resource_quota.h>
 #include <malloc.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -38,10 +43,31 @@
 #include "server/group_registry.h"
 #include "server/metrics.h"
 #include "server/sampler_service.h"
+#include "server/tls_listener.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "gRPC listen address host:port (port 0 picks a free port); empty = TCP off");
 ABSL_FLAG(std::string, unix_socket, "", "also listen on this Unix-domain socket path");
+ABSL_FLAG(std::string, unix_socket_mode, "0600",
+          "file mode of the unix socket (octal; 0600: only samplerd's uid may connect, as a "
+          "pod's containers sharing uid 10001 do; 0660 adds its group)");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "TLS on the TCP listener: the server certificate chain (PEM); re-read every "
+          "--tls_reload_interval_s, so a rotated Secret takes effect without a restart");
+ABSL_FLAG(std::string, tls_key_file, "", "TLS: the server certificate's private key (PEM)");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "mutual TLS: CA bundle (PEM) that every client certificate must chain to; clients "
+          "without a valid certificate are refused at the handshake");
+ABSL_FLAG(std::vector<std::string>, tls_allowed_clients, {},
+          "mutual TLS: client certificate identities (subject alternative names: DNS, URI, "
+          "e-mail or IP, comma-separated) that may call the rpcs changing server state "
+          "(RegisterBuffer, UnregisterBuffer, ListBuffers, CreateGroup, DestroyGroup, "
+          "OpenStepChannel) and name registered buffers, groups or CUDA events in steps; other "
+          "clients may only sample with inline logits. Empty: every client may");
+ABSL_FLAG(int, tls_reload_interval_s, 60, "how often the TLS files are re-read (seconds)");
+ABSL_FLAG(bool, allow_insecure_network, false,
+          "serve plaintext on a non-loopback --listen address (refused otherwise; say it only "
+          "where something else, such as a service mesh, encrypts the traffic)");
 ABSL_FLAG(std::string, backend, "auto", "auto | cpu | cuda (auto: CUDA when a GPU is usable)");
 ABSL_FLAG(int, threads, 0, "CPU backend worker threads (0 = all cores)");
 ABSL_FLAG(int, cuda_device, 0, "CUDA device of the CUDA backend");
@@ -230,6 +256,13 @@ int Serve() {
   options.max_queued_steps = absl::GetFlag(FLAGS_max_queued_steps);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.registration_lease = absl::Milliseconds(absl::GetFlag(FLAGS_registration_lease_ms));
+  const std::vector<std::string> allowed_clients = absl::GetFlag(FLAGS_tls_allowed_clients);
+  if (!allowed_clients.empty() && absl::GetFlag(FLAGS_tls_client_ca_file).empty()) {
+    spdlog::error("--tls_allowed_clients: client identities need mutual TLS "
+                  "(--tls_client_ca_file)");
+    return 2;
+  }
+  options.access = AccessPolicy(allowed_clients);
   // allowed_token_ids' masks are bounded per step as the grammar masks sent are.
   options.limits.max_step_mask_bytes = options.max_message_bytes;
   // Context-parallel groups: NCCL on the CUDA backend; none on the CPU backend.
@@ -268,9 +301,30 @@ int Serve() {
   builder.SetMaxSendMessageSize(max_bytes);
   int port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);
-  if (!listen.empty()) builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  const TlsFiles tls{absl::GetFlag(FLAGS_tls_cert_file), absl::GetFlag(FLAGS_tls_key_file),
+                     absl::GetFlag(FLAGS_tls_client_ca_file),
+                     absl::GetFlag(FLAGS_tls_reload_interval_s)};
+  if (!listen.empty()) {
+    auto credentials =
+        ListenerCredentials(tls, listen, absl::GetFlag(FLAGS_allow_insecure_network));
+    if (!credentials.ok()) {
+      spdlog::error("{}", std::string(credentials.status().message()));
+      return 2;
+    }
+    builder.AddListeningPort(listen, *credentials, &port);
+  }
   const std::string unix_socket = absl::GetFlag(FLAGS_unix_socket);
+  mode_t socket_mode = 0600;
   if (!unix_socket.empty()) {
+    const std::string text = absl::GetFlag(FLAGS_unix_socket_mode);
+    char* end = nullptr;
+    const unsigned long mode = std::strtoul(text.c_str(), &end, 8);
+    if (text.empty() || *end != '\0' || mode > 0777) {
+      spdlog::error("--unix_socket_mode: '{}' is not an octal file mode",
+                    absl::GetFlag(FLAGS_unix_socket_mode));
+      return 2;
+    }
+    socket_mode = static_cast<mode_t>(mode);
     builder.AddListeningPort("unix:" + unix_socket, grpc::InsecureServerCredentials());
   }
   if (listen.empty() && unix_socket.empty()) {
@@ -278,17 +332,27 @@ int Serve() {
     return 2;
   }
   builder.RegisterService(&service);
+  // The socket is created owner-only (no window in which others may connect), then given its
+  // mode.
+  const mode_t old_umask = umask(0077);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  umask(old_umask);
   if (server == nullptr || (!listen.empty() && port == 0)) {
     spdlog::error("cannot listen on {}", listen.empty() ? unix_socket : listen);
+    return 1;
+  }
+  if (!unix_socket.empty() && chmod(unix_socket.c_str(), socket_mode) != 0) {
+    spdlog::error("--unix_socket_mode: chmod {}: {}", unix_socket, std::strerror(errno));
     return 1;
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus(true);
   health->SetServingStatus(kServiceName, true);
   const BackendInfo info = backend->Info();
-  spdlog::info("samplerd {} serving on {}{} (port {}), backend {} ({}), metrics {}",
-               options.version, listen, unix_socket.empty() ? "" : " and unix:" + unix_socket,
+  spdlog::info("samplerd {} serving on {}{}{} (port {}), backend {} ({}), metrics {}",
+               options.version, listen,
+               tls.cert.empty() ? "" : (tls.client_ca.empty() ? " (TLS)" : " (mutual TLS)"),
+               unix_socket.empty() ? "" : " and unix:" + unix_socket,
                port, info.name, info.device,
                (*metrics)->port() ? absl::StrCat("on port ", (*metrics)->port()) : "off");
   spdlog::info("limits: max_rows {} max_vocab_size {} max_top_logprobs {} max_message_bytes {} "

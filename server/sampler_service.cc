@@ -212,10 +212,18 @@ void SamplerService::ReleaseOwner(const std::string& owner, const char* why) {
 }
 
 absl::Status SamplerService::RunStep(const v1::SampleRequest& request,
-                                     const std::string& pool_scope,
+                                     const std::string& pool_scope, bool privileged,
                                      v1::SampleResponse* response) {
   const Clock::time_point start = Clock::now();
   if (draining_.load()) return absl::UnavailableError("samplerd is shutting down");
+  // Before the group's turn: a caller outside the allowlist never takes a group's NCCL logits.
+  if (!privileged && (!AccessPolicy::InlineOnly(request.logits()) || !request.group_id().empty())) {
+    metrics_.CountError(absl::StatusCode::kPermissionDenied);
+    return absl::PermissionDeniedError(
+        "logits: this client (its certificate's identities are not in --tls_allowed_clients) "
+        "may only sample with inline logits (data or values; no buffer, CUDA IPC, NCCL, ready "
+        "event or group_id)");
+  }
   // The step's group: the one it broadcasts to (group_id), else the one its NCCL logits come
   // from. Its turn comes first: receives, compute and broadcast happen inside it.
   const auto nccl = NcclTensors(request.logits());
@@ -359,13 +367,26 @@ absl::StatusOr<StepResult> SamplerService::ComputeStep(const v1::SampleRequest& 
   return result;
 }
 
+absl::Status SamplerService::Guard(const grpc::ServerContext& context, absl::string_view rpc) {
+  absl::Status status = options_.access.CheckPrivileged(context, rpc);
+  if (!status.ok()) {
+    metrics_.CountError(status.code());
+    spdlog::warn("{} refused: {}", std::string(rpc), std::string(status.message()));
+  }
+  return status;
+}
+
 std::string SamplerService::ClientScope(const grpc::ServerContext& context) {
+  const std::vector<std::string> identities = AccessPolicy::Identities(context);
+  const std::string certificate =
+      identities.empty() ? "" : absl::StrCat("cert:", identities.front(), "/");
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(kClientIdMetadata);
   if (it != metadata.end() && !it->second.empty()) {
-    return absl::StrCat("id:", absl::string_view(it->second.data(), it->second.size()));
+    const absl::string_view id(it->second.data(), it->second.size());
+    return absl::StrCat(certificate, "id:", id);
   }
-  return absl::StrCat("peer:", context.peer());
+  return absl::StrCat(certificate, "peer:", context.peer());
 }
 
 grpc::Status SamplerService::Sample(grpc::ServerContext* context, const v1::SampleRequest* request,
@@ -373,7 +394,8 @@ grpc::Status SamplerService::Sample(grpc::ServerContext* context, const v1::Samp
   steps_read_.fetch_add(1);
   const std::string client = ClientScope(*context);
   leases_.Touch(client, absl::Now());
-  const grpc::Status status = ToGrpcStatus(RunStep(*request, client, response));
+  const grpc::Status status = ToGrpcStatus(
+      RunStep(*request, client, options_.access.Privileged(*context), response));
   steps_answered_.fetch_add(1);
   return status;
 }
@@ -396,10 +418,11 @@ grpc::Status SamplerService::SampleStream(
       }
     }
   } stream_end{*this, pool_scope, context};
+  const bool privileged = options_.access.Privileged(*context);
   v1::SampleRequest request;
   while (stream->Read(&request)) {
     v1::SampleResponse response;
-    AnswerStep(request, pool_scope, &response);
+    AnswerStep(request, pool_scope, privileged, &response);
     const bool written = stream->Write(response);
     if (!written) {
       stream_end.written = false;
@@ -417,6 +440,9 @@ grpc::Status SamplerService::SampleStream(
 grpc::Status SamplerService::RegisterBuffer(grpc::ServerContext* context,
                                             const v1::RegisterBufferRequest* request,
                                             v1::RegisterBufferResponse* response) {
+  if (absl::Status denied = Guard(*context, "RegisterBuffer"); !denied.ok()) {
+    return ToGrpcStatus(denied);
+  }
   const Clock::time_point start = Clock::now();
   const std::string owner = ClientScope(*context);
   leases_.Track(owner, absl::Now());
@@ -452,6 +478,9 @@ grpc::Status SamplerService::RegisterBuffer(grpc::ServerContext* context,
 grpc::Status SamplerService::UnregisterBuffer(grpc::ServerContext* context,
                                               const v1::UnregisterBufferRequest* request,
                                               v1::UnregisterBufferResponse*) {
+  if (absl::Status denied = Guard(*context, "UnregisterBuffer"); !denied.ok()) {
+    return ToGrpcStatus(denied);
+  }
   leases_.Touch(ClientScope(*context), absl::Now());
   const absl::Status status = registry_.Unregister(request->name());
   metrics_.SetRegisteredBuffers(registry_.Size(), registry_.BytesHeld());
@@ -462,14 +491,20 @@ grpc::Status SamplerService::UnregisterBuffer(grpc::ServerContext* context,
 grpc::Status SamplerService::ListBuffers(grpc::ServerContext* context,
                                          const v1::ListBuffersRequest*,
                                          v1::ListBuffersResponse* response) {
+  if (absl::Status denied = Guard(*context, "ListBuffers"); !denied.ok()) {
+    return ToGrpcStatus(denied);
+  }
   leases_.Touch(ClientScope(*context), absl::Now());
   for (v1::BufferInfo& info : registry_.List()) *response->add_buffers() = std::move(info);
   return grpc::Status::OK;
 }
 
-grpc::Status SamplerService::CreateGroup(grpc::ServerContext*,
+grpc::Status SamplerService::CreateGroup(grpc::ServerContext* context,
                                          const v1::CreateGroupRequest* request,
                                          v1::CreateGroupResponse* response) {
+  if (absl::Status denied = Guard(*context, "CreateGroup"); !denied.ok()) {
+    return ToGrpcStatus(denied);
+  }
   if (draining_.load()) return ToGrpcStatus(absl::UnavailableError("samplerd is shutting down"));
   GroupConfig config;
   config.world_size = request->world_size();
@@ -490,9 +525,12 @@ grpc::Status SamplerService::CreateGroup(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status SamplerService::DestroyGroup(grpc::ServerContext*,
+grpc::Status SamplerService::DestroyGroup(grpc::ServerContext* context,
                                           const v1::DestroyGroupRequest* request,
                                           v1::DestroyGroupResponse*) {
+  if (absl::Status denied = Guard(*context, "DestroyGroup"); !denied.ok()) {
+    return ToGrpcStatus(denied);
+  }
   return ToGrpcStatus(groups_.Destroy(request->group_id()));
 }
 
@@ -559,10 +597,10 @@ grpc::Status SamplerService::Release(grpc::ServerContext* context, const v1::Rel
 }
 
 void SamplerService::AnswerStep(const v1::SampleRequest& request, const std::string& scope,
-                                v1::SampleResponse* response) {
+                                bool privileged, v1::SampleResponse* response) {
   steps_read_.fetch_add(1);
   leases_.Touch(scope, absl::Now());
-  const absl::Status status = RunStep(request, scope, response);
+  const absl::Status status = RunStep(request, scope, privileged, response);
   if (!status.ok()) {
     // One bad step fails only itself: answer it with its error and keep the stream.
     response->Clear();
@@ -577,6 +615,9 @@ void SamplerService::AnswerStep(const v1::SampleRequest& request, const std::str
 grpc::Status SamplerService::OpenStepChannel(grpc::ServerContext* context,
                                              const v1::OpenStepChannelRequest* request,
                                              v1::OpenStepChannelResponse* response) {
+  if (absl::Status denied = Guard(*context, "OpenStepChannel"); !denied.ok()) {
+    return ToGrpcStatus(denied);
+  }
   const std::string owner = ClientScope(*context);
   leases_.Track(owner, absl::Now());
   if (draining_.load()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "samplerd is shutting down");
@@ -597,7 +638,7 @@ grpc::Status SamplerService::OpenStepChannel(grpc::ServerContext* context,
   auto channel = StepChannel::Open(
       request->shm_name(), request->capacity_bytes(), registry_.shm_options(),
       [this, owner](const v1::SampleRequest& step, v1::SampleResponse* answer) {
-        AnswerStep(step, owner, answer);
+        AnswerStep(step, owner, /*privileged=*/true, answer);  // opening it was guarded
       });
   if (!channel.ok()) {
     spdlog::warn("OpenStepChannel '{}': {}", request->shm_name(), channel.status().ToString());

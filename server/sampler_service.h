@@ -24,6 +24,7 @@
 #include "samplerd/v1/sampler.grpc.pb.h"
 #include "sampler/backend.h"
 #include "sampler/validate.h"
+#include "server/access_policy.h"
 #include "server/buffer_registry.h"
 #include "server/group_registry.h"
 #include "server/metrics.h"
@@ -41,6 +42,8 @@ struct ServiceOptions {
   // How long a client's registrations outlive its last call (OwnerLeases); <= 0: until they
   // are unregistered or a stream of the client drops.
   absl::Duration registration_lease = absl::Seconds(5);
+  // Which callers may change the server's state (server/access_policy.h); default: all.
+  AccessPolicy access;
 };
 
 class SamplerService final : public v1::Sampler::Service {
@@ -79,8 +82,10 @@ class SamplerService final : public v1::Sampler::Service {
   // Step channels open at once, over all clients (each holds a thread).
   static constexpr int kMaxStepChannels = 64;
 
-  // The calling client: its `samplerd-client-id` metadata, else its peer address. It scopes
-  // the client's draft pool entries and owns its registrations.
+  // The calling client: its `samplerd-client-id` metadata, else its peer address, under its
+  // verified client certificate's identity when it has one (so that an id cannot reach another
+  // certificate's drafts or registrations). It scopes the client's draft pool entries and owns
+  // its registrations.
   static std::string ClientScope(const grpc::ServerContext& context);
 
   // From now on steps are refused with UNAVAILABLE; steps already admitted are answered.
@@ -92,12 +97,16 @@ class SamplerService final : public v1::Sampler::Service {
   int64_t steps_answered() const { return steps_answered_.load(); }
 
  private:
+  // OK when the caller may call `rpc` (options_.access); else its PERMISSION_DENIED, counted.
+  absl::Status Guard(const grpc::ServerContext& context, absl::string_view rpc);
   // One step, start to finish. Step-level faults are the returned status.
+  // `privileged`: the caller may name registered buffers, groups and CUDA events (else
+  // inline logits only; options_.access).
   absl::Status RunStep(const v1::SampleRequest& request, const std::string& pool_scope,
-                       v1::SampleResponse* response);
+                       bool privileged, v1::SampleResponse* response);
   // A step as a stream or a channel answers it: counted, the caller's lease renewed, a
   // step-level fault written into the response's `error`.
-  void AnswerStep(const v1::SampleRequest& request, const std::string& scope,
+  void AnswerStep(const v1::SampleRequest& request, const std::string& scope, bool privileged,
                   v1::SampleResponse* response);
   struct StepStats;
   // Admission, conversion (through `resolver`, which also holds the step's received NCCL

@@ -25,7 +25,7 @@ VERSIONS = ["1.29.0", "1.31.0", "1.33.0", "1.35.0"]
 MIN_VERSION = {"sidecar-gpu-dra": (1, 34)}
 OVERLAYS = sorted(p.name for p in (DEPLOY / "overlays").iterdir() if p.is_dir())
 # Custom resources kubernetes-validate has no schema for; test_podmonitor_targets checks them.
-CRDS = {("monitoring.coreos.com/v1", "PodMonitor")}
+CRDS = {("monitoring.coreos.com/v1", "PodMonitor"), ("cert-manager.io/v1", "Certificate")}
 
 
 def kubectl_debian():
@@ -186,14 +186,35 @@ def test_gpu_overlays_put_both_containers_on_one_gpu():
         assert c["resources"]["limits"]["nvidia.com/gpu"] == 1, c["name"]
 
 
-def test_standalone():
-    objs = objects("standalone")
+@pytest.mark.parametrize("overlay", ["standalone", "standalone-cert-manager"])
+def test_standalone(overlay):
+    objs = objects(overlay)
     by_kind = {o["kind"]: o for o in objs}
     assert set(by_kind) >= {"Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "PodMonitor"}
     template = pod_spec(objs)
     sd = samplerd(template["spec"])
     assert flag(sd, "listen") == "0.0.0.0:50051"
-    assert sd["startupProbe"]["grpc"]["port"] == 50051 and sd["readinessProbe"]["grpc"]["port"] == 50051
+    # Off loopback only with mutual TLS, from the mounted Secret, and no plaintext escape hatch.
+    assert "--allow_insecure_network" not in sd["args"]
+    (tls,) = [v for v in template["spec"]["volumes"] if v["name"] == "tls"]
+    (mount,) = [m for m in sd["volumeMounts"] if m["name"] == "tls"]
+    assert mount["readOnly"] is True
+    for name, file in (("tls_cert_file", "tls.crt"), ("tls_key_file", "tls.key"),
+                       ("tls_client_ca_file", "ca.crt")):
+        assert flag(sd, name) == f"{mount['mountPath']}/{file}", name
+    assert flag(sd, "tls_allowed_clients")
+    assert tls["secret"]["defaultMode"] & 0o007 == 0, "the key is not world-readable"
+    assert template["spec"]["securityContext"]["fsGroup"] == template["spec"]["securityContext"]["runAsGroup"]
+    if overlay == "standalone-cert-manager":
+        assert by_kind["Certificate"]["spec"]["secretName"] == tls["secret"]["secretName"]
+    # The kubelet's gRPC probes cannot speak TLS: samplerctl over the pod-local unix socket.
+    socket = flag(sd, "unix_socket")
+    (run,) = [m for m in sd["volumeMounts"] if socket.startswith(m["mountPath"] + "/")]
+    assert any(v["name"] == run["name"] and "emptyDir" in v for v in template["spec"]["volumes"])
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        command = sd[probe]["exec"]["command"]
+        assert command[:2] == ["samplerctl", "health"] and f"--target=unix:{socket}" in command
+    assert "--live" in sd["livenessProbe"]["exec"]["command"]
     assert by_kind["Service"]["spec"]["clusterIP"] == "None"
     labels = template["metadata"]["labels"]
     for kind in ("Service",):

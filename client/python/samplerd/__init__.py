@@ -11,7 +11,7 @@ PyTorch CUDA tensors.
 """
 from ._proto import pb
 from .channel import AsyncStepChannel, StepChannel
-from .client import AsyncSamplerClient, AsyncStepStream, SamplerClient, StepStream
+from .client import TLS, AsyncSamplerClient, AsyncStepStream, SamplerClient, StepStream
 from .cuda import CudaRegion, ReadyEvent
 from .errors import RequestError, SamplerError
 from .results import RequestResult, StepResult
@@ -21,7 +21,7 @@ from .step import (CudaLogits, Decode, Draft, NcclLogits, Prefill, SamplingParam
 
 __version__ = "0.1.0"
 __all__ = [
-    "pb", "SamplerClient", "StepChannel", "AsyncStepChannel", "AsyncSamplerClient", "StepStream", "AsyncStepStream", "CudaRegion",
+    "pb", "TLS", "SamplerClient", "StepChannel", "AsyncStepChannel", "AsyncSamplerClient", "StepStream", "AsyncStepStream", "CudaRegion",
     "ReadyEvent", "SamplerError", "RequestError", "RequestResult", "StepResult", "ShmRegion",
     "Prefill", "Decode", "Draft", "SamplingParams", "ShmLogits", "CudaLogits", "NcclLogits",
     "build_step",

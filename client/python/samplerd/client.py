@@ -21,6 +21,7 @@ import queue
 import secrets
 import threading
 import time
+from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 import grpc
@@ -73,6 +74,43 @@ def _channel_options(max_message_bytes: int):
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 1000)]
+
+
+@dataclass(frozen=True)
+class TLS:
+    """TLS to a samplerd serving --tls_cert_file. `ca_file`: the CA bundle (PEM) that verifies
+    samplerd's certificate (None: gRPC's default roots); `cert_file` and `key_file`: this
+    client's certificate and key, for mutual TLS; `server_name`: the name samplerd's certificate
+    carries when it is not the target's host."""
+
+    ca_file: Optional[str] = None
+    cert_file: Optional[str] = None
+    key_file: Optional[str] = None
+    server_name: Optional[str] = None
+
+    def credentials(self):
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("TLS: a client certificate needs its key (cert_file and key_file)")
+
+        def read(path):
+            if path is None:
+                return None
+            with open(path, "rb") as f:
+                return f.read()
+
+        return grpc.ssl_channel_credentials(read(self.ca_file), read(self.key_file),
+                                            read(self.cert_file))
+
+    def options(self):
+        return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
+
+
+def _open_channel(module, target: str, max_message_bytes: int, tls: Optional[TLS]):
+    """A grpc (or grpc.aio) channel to `target`, plaintext or TLS."""
+    options = _channel_options(max_message_bytes)
+    if tls is None:
+        return module.insecure_channel(target, options)
+    return module.secure_channel(target, tls.credentials(), options + tls.options())
 
 
 def _check_step(msg) -> StepResult:
@@ -193,13 +231,15 @@ class _Base:
 
 
 class SamplerClient(_Base):
-    """A blocking client. `target` is "host:port" or "unix:/path"."""
+    """A blocking client. `target` is "host:port" or "unix:/path"; `tls=samplerd.TLS(...)` for
+    a samplerd serving TLS (mutual TLS with cert_file and key_file)."""
 
     def __init__(self, target: str, *, client_id: Optional[str] = None,
                  max_message_bytes: int = 256 * _MIB, timeout: Optional[float] = None,
-                 channel: Optional[grpc.Channel] = None, reconnect_timeout: float = 30.0):
+                 channel: Optional[grpc.Channel] = None, reconnect_timeout: float = 30.0,
+                 tls: Optional[TLS] = None):
         super().__init__(client_id, timeout, reconnect_timeout)
-        self._bind(channel or grpc.insecure_channel(target, _channel_options(max_message_bytes)))
+        self._bind(channel or _open_channel(grpc, target, max_message_bytes, tls))
         self._registrations_lock = threading.RLock()
 
     def _call(self, name, request):
@@ -486,9 +526,9 @@ class AsyncSamplerClient(_Base):
 
     def __init__(self, target: str, *, client_id: Optional[str] = None,
                  max_message_bytes: int = 256 * _MIB, timeout: Optional[float] = None,
-                 reconnect_timeout: float = 30.0):
+                 reconnect_timeout: float = 30.0, tls: Optional[TLS] = None):
         super().__init__(client_id, timeout, reconnect_timeout)
-        self._bind(grpc.aio.insecure_channel(target, _channel_options(max_message_bytes)))
+        self._bind(_open_channel(grpc.aio, target, max_message_bytes, tls))
         self._registrations_lock = asyncio.Lock()
 
     async def _call(self, name, request):
