@@ -12,7 +12,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "samplerd/v1/step_channel_layout.h"
-#include "sampler/status_macros.h"
 
 namespace samplerd {
 namespace {
@@ -66,11 +65,17 @@ absl::StatusOr<std::unique_ptr<SamplerClient>> SamplerClient::Connect(const std:
       return absl::InvalidArgumentError(
           "tls_cert_file, tls_key_file: a client certificate needs its key (give both)");
     }
-    grpc::SslCredentialsOptions ssl;
     // An empty CA file name: gRPC's default roots (a public CA's certificate).
-    ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadClientFile(options.tls_ca_file, "tls_ca_file"));
-    ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadClientFile(options.tls_cert_file, "tls_cert_file"));
-    ASSIGN_OR_RETURN(ssl.pem_private_key, ReadClientFile(options.tls_key_file, "tls_key_file"));
+    auto ca = ReadClientFile(options.tls_ca_file, "tls_ca_file");
+    auto cert = ReadClientFile(options.tls_cert_file, "tls_cert_file");
+    auto key = ReadClientFile(options.tls_key_file, "tls_key_file");
+    for (const auto* file : {&ca, &cert, &key}) {
+      if (!file->ok()) return file->status();
+    }
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = *std::move(ca);
+    ssl.pem_cert_chain = *std::move(cert);
+    ssl.pem_private_key = *std::move(key);
     credentials = grpc::SslCredentials(ssl);
     if (!options.tls_server_name.empty()) {
       args.SetSslTargetNameOverride(options.tls_server_name);
