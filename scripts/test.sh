@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every samplerd test that needs no GPU (tests tagged `gpu` run on the GPU machine).
-# Installs what it needs first. Four stages:
+# Installs what it needs first. Five stages:
 #   1. bazel build //... (the gpu-tagged targets too, where the CUDA toolkit exists), then
 #      bazel test //... --test_tag_filters=-gpu;
 #   2. Python: the client's tests (client/python/tests, xgrammar included) against the
@@ -9,7 +9,10 @@
 #   3. the Bazel tests again under AddressSanitizer + UndefinedBehaviorSanitizer
 #      (--config=asan; skip with SAMPLERD_SKIP_ASAN=1);
 #   4. a short libFuzzer run of each fuzz target (scripts/fuzz.sh all 30; skip with
-#      SAMPLERD_SKIP_FUZZ=1).
+#      SAMPLERD_SKIP_FUZZ=1);
+#   5. the images and the pod: deploy/Dockerfile and deploy/worker.Dockerfile built with podman
+#      and run as deploy/'s pod (deploy/tests/pod_check.sh; skip with SAMPLERD_SKIP_PODS=1;
+#      where podman cannot run it says so in the summary, never counted as passed).
 # Ends with "N passed, N failed, N skipped" (test cases, from the test XML of each target; a target that
 # fails to build or run counts as one failure; each fuzz target counts as one) and exits
 # non-zero when anything failed.
@@ -126,6 +129,20 @@ if [[ ${SAMPLERD_SKIP_FUZZ:-} != 1 ]]; then
   if [[ $rc -ne 0 && $ok -eq 0 && $bad -eq 0 ]]; then failed=$((failed + 1)); fi
   rm -f "$fuzz_log"
 fi
+pods_note=""
+if [[ ${SAMPLERD_SKIP_PODS:-} != 1 ]]; then
+  echo "=== the images and the pod (deploy/tests/pod_check.sh: podman)"
+  bash deploy/tests/pod_check.sh
+  case $? in
+    0) passed=$((passed + 1)) ;;
+    # podman cannot run containers here (a chroot without cgroups, no user namespaces): said
+    # loudly, and in the summary line; never counted as passed.
+    3) pods_note="not run (podman cannot run containers here): deploy/tests/pod_check.sh" ;;
+    *) failed=$((failed + 1)); rc=1 ;;
+  esac
+else
+  pods_note="not run (SAMPLERD_SKIP_PODS=1): deploy/tests/pod_check.sh"
+fi
 # In CI, stop the Bazel server: a daemon left running would hold the build root's mounts
 # (a chroot rehearsal cannot unmount them) and the machine's memory.
 if [[ ${CI:-} == true ]]; then bazel shutdown >/dev/null 2>&1 || true; fi
@@ -133,5 +150,6 @@ if [[ $rc -ne 0 && $failed -eq 0 ]]; then failed=1; fi
 if (( ${#skipped_suites[@]} > 0 )); then
   echo "not run (PyPI unreachable): ${skipped_suites[*]}"
 fi
+[[ -n $pods_note ]] && echo "$pods_note"
 echo "$passed passed, $failed failed, $skipped_cases skipped"
 exit "$rc"

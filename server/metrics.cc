@@ -46,6 +46,15 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
                           .Name("samplerd_errors_total")
                           .Help("Failed steps and failed requests, by gRPC status code")
                           .Register(registry);
+  // Series that exist from the start read 0, not "no data", in rates, ratios and alerts
+  // (deploy/monitoring); other codes appear when they first occur.
+  for (absl::StatusCode code :
+       {absl::StatusCode::kInvalidArgument, absl::StatusCode::kNotFound,
+        absl::StatusCode::kFailedPrecondition, absl::StatusCode::kResourceExhausted,
+        absl::StatusCode::kUnavailable, absl::StatusCode::kPermissionDenied,
+        absl::StatusCode::kInternal}) {
+    metrics->errors_->Add({{"code", absl::StatusCodeToString(code)}});
+  }
   metrics->in_flight_ = &prometheus::BuildGauge()
                              .Name("samplerd_steps_in_flight")
                              .Help("Steps received and not yet answered")
@@ -61,6 +70,11 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
                                   .Help("Co-located workers' shared-memory step channels open")
                                   .Register(registry)
                                   .Add({});
+  metrics->open_streams_ = &prometheus::BuildGauge()
+                                 .Name("samplerd_open_streams")
+                                 .Help("SampleStream calls open (each a worker's step loop)")
+                                 .Register(registry)
+                                 .Add({});
   metrics->buffer_bytes_ = &prometheus::BuildGauge()
                                 .Name("samplerd_registered_buffer_bytes")
                                 .Help("Bytes of the registered regions and cached one-off CUDA "
@@ -72,6 +86,9 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
                             .Help("Regions released because their owner was gone, by why "
                                   "(lease_expired, stream_dropped, taken_over)")
                             .Register(registry);
+  for (const char* why : {"lease_expired", "stream_dropped", "taken_over"}) {
+    metrics->released_->Add({{"why", why}});
+  }
   metrics->group_failures_ =
       &prometheus::BuildCounter()
            .Name("samplerd_group_failures_total")
@@ -113,6 +130,8 @@ void Metrics::SetRegisteredBuffers(int count, int64_t bytes) {
 }
 
 void Metrics::SetStepChannels(int count) { step_channels_->Set(count); }
+
+void Metrics::AddOpenStreams(double delta) { open_streams_->Increment(delta); }
 
 void Metrics::CountReleasedBuffers(const char* why, int count) {
   absl::MutexLock lock(&mu_);  // Add may create the labelled child

@@ -49,6 +49,9 @@ class Metrics final {
   void SetRegisteredBuffers(int count, int64_t bytes);
   // Co-located workers' step channels open now.
   void SetStepChannels(int count);
+  // SampleStream calls open now (+1 when one starts, -1 when it ends): with the step rate, the
+  // "streams open, no steps" alert of deploy/monitoring.
+  void AddOpenStreams(double delta);
   // Regions released because their owner was gone; `why`: "lease_expired", "stream_dropped"
   // or "taken_over".
   void CountReleasedBuffers(const char* why, int count);
@@ -70,6 +73,7 @@ class Metrics final {
   prometheus::Gauge* buffers_ = nullptr;
   prometheus::Gauge* buffer_bytes_ = nullptr;
   prometheus::Gauge* step_channels_ = nullptr;
+  prometheus::Gauge* open_streams_ = nullptr;
   prometheus::Family<prometheus::Counter>* released_ = nullptr;
   prometheus::Counter* group_failures_ = nullptr;
   absl::Mutex mu_;  // guards adding labelled children to errors_

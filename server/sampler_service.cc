@@ -407,12 +407,14 @@ grpc::Status SamplerService::SampleStream(
   // While the stream is open its client is alive; a stream that drops (its client went away
   // without closing it: a killed worker) releases the client's registrations at once.
   leases_.StreamOpened(pool_scope, absl::Now());
+  metrics_.AddOpenStreams(1);
   struct StreamEnd {
     SamplerService& service;
     const std::string& client;
     grpc::ServerContext* context;
     bool written = true;
     ~StreamEnd() {
+      service.metrics_.AddOpenStreams(-1);
       if (service.leases_.StreamEnded(client, context->IsCancelled() || !written, absl::Now())) {
         service.ReleaseOwner(client, "stream_dropped");
       }
