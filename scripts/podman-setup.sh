@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes podman usable for the image and pod check (deploy/tests/pod_check.sh), as root:
-# installs podman and runc (Debian 12 packages) when missing, and makes sure the base images
+# installs podman, runc and catatonit (Debian 12 packages) when missing, and makes sure the base images
 # debian:12 and debian:12-slim exist: pulled from Docker Hub where a registry is reachable, else
 # made locally from a debootstrap minbase root of Debian 12 (bigger than the real -slim image;
 # apt and pip work inside it). Run with CONTAINERS_CONF=deploy/tests/containers.conf.
@@ -8,12 +8,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$PWD/deploy/tests/containers.conf}
-if ! command -v podman >/dev/null || ! command -v runc >/dev/null; then
+# catatonit: the pause process of a pod's infra container.
+if ! command -v podman >/dev/null || ! command -v runc >/dev/null ||
+   ! dpkg-query -W -f='${Status}' catatonit 2>/dev/null | grep -q "install ok installed"; then
   sudo=""; [[ $(id -u) -ne 0 ]] && sudo=sudo
-  echo "podman-setup: installing podman runc" >&2
+  echo "podman-setup: installing podman runc catatonit" >&2
   $sudo apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
-    podman runc fuse-overlayfs slirp4netns uidmap >/dev/null
+    podman runc catatonit fuse-overlayfs slirp4netns uidmap >/dev/null
 fi
 if ! podman info >/dev/null 2>/tmp/podman-setup.err; then
   echo "podman-setup: podman cannot run here: $(tail -1 /tmp/podman-setup.err)" >&2

@@ -1,8 +1,8 @@
 // samplerd: the sampling server. See README.md; `samplerd --help` lists the flags.
 //
 //   samplerd                                   # CPU backend on 127.0.0.1:50051
-//   samplerd --listen=0.0.0.0:50051 --tls_cert_file=tls.crt --tls_key_file=tls.key \
-//            --tls_client_ca_file=ca.crt --metrics_address=0.0.0.0:9464   # mutual TLS
+//   samplerd --listen=0.0.0.0:50051 --tls_cert_file=tls.crt --tls_key_file=tls.key
+//            --tls_client_ca_file=ca.crt --metrics_address=0.0.0.0:9464   (mutual TLS)
 //
 // SIGTERM or SIGINT drains: health turns NOT_SERVING, new steps are refused, accepted steps
 // are answered, and the process exits 0 within --shutdown_deadline_ms.

@@ -22,10 +22,17 @@ pod=samplerd-check-$$
 fail() { echo "pod_check: FAILED: $*"; podman logs "$pod-samplerd" 2>&1 | tail -20 || true; exit 1; }
 cleanup() { podman pod rm -f "$pod" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
-echo "pod_check: building localhost/$tag:samplerd (deploy/Dockerfile)"
-podman build -q --network=host -f deploy/Dockerfile -t "localhost/$tag:samplerd" . >/dev/null
-echo "pod_check: building localhost/$tag:worker (deploy/worker.Dockerfile)"
-podman build -q --network=host -f deploy/worker.Dockerfile -t "localhost/$tag:worker" . >/dev/null
+build() {  # build NAME DOCKERFILE: its log is shown only when it fails
+  local log
+  log=$(mktemp)
+  echo "pod_check: building localhost/$tag:$1 ($2)"
+  if ! podman build --network=host -f "$2" -t "localhost/$tag:$1" . > "$log" 2>&1; then
+    tail -30 "$log"; rm -f "$log"; fail "podman build -f $2"
+  fi
+  rm -f "$log"
+}
+build samplerd deploy/Dockerfile
+build worker deploy/worker.Dockerfile
 size() { podman image inspect --format '{{.Size}}' "$1" | awk '{printf "%.0f MB", $1 / 1e6}'; }
 base=$(podman image inspect --format '{{.Size}}' docker.io/library/debian:12-slim |
        awk '{printf "%.0f MB", $1 / 1e6}')
@@ -37,7 +44,7 @@ import socket
 s = [socket.socket() for _ in range(2)]
 for x in s: x.bind(("127.0.0.1", 0))
 print(*(x.getsockname()[1] for x in s))')
-podman pod create --name "$pod" --network=host --share ipc,uts >/dev/null
+podman pod create --name "$pod" --network=host --share ipc,uts,net >/dev/null
 podman run -d --pod "$pod" --name "$pod-samplerd" --user 10001:10001 --read-only \
   "localhost/$tag:samplerd" --listen="127.0.0.1:$grpc_port" \
   --metrics_address="127.0.0.1:$metrics_port" --shutdown_grace_ms=500 >/dev/null
