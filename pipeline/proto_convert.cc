@@ -222,6 +222,12 @@ SamplingParams ParamsFromProto(const v1::SamplingParams& p) {
   // A map: keys are unique; its iteration order is unspecified (validation sorts them).
   out.logit_bias.reserve(p.logit_bias_size());
   for (const auto& [token, bias] : p.logit_bias()) out.logit_bias.emplace_back(token, bias);
+  out.dry_multiplier = p.dry_multiplier();
+  if (p.has_dry_base()) out.dry_base = p.dry_base();
+  if (p.has_dry_allowed_length()) out.dry_allowed_length = p.dry_allowed_length();
+  out.dry_sequence_breakers.assign(p.dry_sequence_breakers().begin(),
+                                   p.dry_sequence_breakers().end());
+  out.dry_range = p.dry_range();
   return out;
 }
 

@@ -252,5 +252,49 @@ TEST_F(TokenAdjustments, PenaltiesFollowTheAdjustments) {
   ExpectSameDistribution(Distribution(result.results[0], 0), LogSoftmax(x), "bias then penalty");
 }
 
+// DRY (SPEC 3 step 3), after the penalties: SPEC's worked example as a PREFILL row's context,
+// with a repetition penalty in front, and a DECODE request whose drafts extend the repeat row
+// by row. The penalty entries are computed once on the host (token_updates.cc), so both
+// backends apply the same float32 values.
+TEST_F(TokenAdjustments, DryPenalisesTheTokenThatWouldContinueARepeat) {
+  Step step = MakeStep(StepKind::kPrefill, logits_, kVocab);
+  RequestInputs r = Prefill(0);
+  r.prompt_token_ids = {5, 6, 7, 9, 5, 6};
+  r.output_token_ids = {7};
+  r.params.repetition_penalty = 1.25f;
+  r.params.dry_multiplier = 1.0f;
+  r.params.dry_base = 2.0f;
+  step.requests.push_back(r);
+  const StepResult result = RunStep(step);
+  ASSERT_TRUE(result.results[0].status.ok()) << result.results[0].status;
+  std::vector<float> x = Row(0);
+  for (int32_t t : {5, 6, 7, 9}) x[t] = x[t] > 0 ? x[t] / 1.25f : x[t] * 1.25f;
+  x[9] -= 2.0f;  // c ends 5, 6, 7 as at index 0: the match of 3 before 9, 2^(3 - 2)
+  ExpectSameDistribution(Distribution(result.results[0], 0), LogSoftmax(x), "dry");
+}
+
+TEST_F(TokenAdjustments, DryInADecodeStepCountsTheDraftsBeforeEachRow) {
+  Step step = MakeStep(StepKind::kDecode, logits_, kVocab);
+  RequestInputs r = Decode(/*first=*/1, /*drafts=*/{7, 9});
+  r.prompt_token_ids = {5, 6, 7, 9, 5};
+  r.output_token_ids = {6};
+  r.params.dry_multiplier = 0.5f;
+  r.params.dry_base = 2.0f;
+  step.requests.push_back(r);
+  const StepResult result = RunStep(step);
+  ASSERT_TRUE(result.results[0].status.ok()) << result.results[0].status;
+  ASSERT_EQ(result.results[0].token_ids.size(), 3u);
+  // Row 0: c ends 5, 6 (i = 1: 6, 5 before 7): x[7] -= 0.5 * 2^0. Row 1, after the draft 7:
+  // c ends 5, 6, 7: x[9] -= 0.5 * 2^1. Row 2, after 7, 9: c = 5 6 7 9 5 6 7 9, i = 3 matches
+  // 9, 7, 6, 5 before 5: x[5] -= 0.5 * 2^2.
+  const std::vector<std::pair<int32_t, float>> want = {{7, 0.5f}, {9, 1.0f}, {5, 2.0f}};
+  for (int j = 0; j < 3; ++j) {
+    std::vector<float> x = Row(1 + j);
+    x[want[j].first] -= want[j].second;
+    ExpectSameDistribution(Distribution(result.results[0], j), LogSoftmax(x),
+                           "decode row " + std::to_string(j));
+  }
+}
+
 }  // namespace
 }  // namespace samplerd

@@ -1,6 +1,7 @@
 #include "sampler/token_updates.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 namespace samplerd {
@@ -40,7 +41,64 @@ void Merge(TokenUpdate& into, const TokenUpdate& u) {
   into.count += u.count;
 }
 
+// SPEC 3 step 3: a repeat longer than this counts as this long (so a row costs at most
+// context x 50 comparisons).
+constexpr int32_t kDryMaxMatch = 50;
+
 }  // namespace
+
+std::vector<TokenUpdate> DryUpdates(const DryPenalty& dry, absl::Span<const int32_t> prompt,
+                                    absl::Span<const int32_t> output,
+                                    absl::Span<const int32_t> drafts_before) {
+  std::vector<TokenUpdate> out;
+  if (!dry.on()) return out;
+  // The context c, contiguous: prompt, output, drafts, cut to the last `range` tokens.
+  const size_t total = prompt.size() + output.size() + drafts_before.size();
+  const size_t n = dry.range > 0 ? std::min(total, static_cast<size_t>(dry.range)) : total;
+  if (n < 2) return out;
+  std::vector<int32_t> c;
+  c.reserve(n);
+  size_t skip = total - n;
+  for (absl::Span<const int32_t> part : {prompt, output, drafts_before}) {
+    if (skip >= part.size()) {
+      skip -= part.size();
+      continue;
+    }
+    c.insert(c.end(), part.begin() + static_cast<ptrdiff_t>(skip), part.end());
+    skip = 0;
+  }
+  auto breaker = [&dry](int32_t t) {
+    return std::binary_search(dry.breakers.begin(), dry.breakers.end(), t);
+  };
+  const int32_t last = c[n - 1];
+  if (breaker(last)) return out;
+  // (the token after a match, the match's length) for every match long enough to count.
+  std::vector<std::pair<int32_t, int32_t>> matches;
+  for (size_t i = 0; i + 1 < n; ++i) {
+    if (c[i] != last || breaker(c[i + 1])) continue;
+    int32_t m = 1;
+    while (m < kDryMaxMatch && static_cast<size_t>(m) <= i && c[i - m] == c[n - 1 - m] &&
+           !breaker(c[n - 1 - m])) {
+      ++m;
+    }
+    if (m >= dry.allowed_length) matches.emplace_back(c[i + 1], m);
+  }
+  // M[t]: the longest match followed by t.
+  std::sort(matches.begin(), matches.end(), [](const auto& a, const auto& b) {
+    return a.first < b.first || (a.first == b.first && a.second > b.second);
+  });
+  for (size_t k = 0; k < matches.size(); ++k) {
+    if (k > 0 && matches[k].first == matches[k - 1].first) continue;
+    // In float64, rounded to float32 once; subtracting it is adding its negation exactly.
+    const double penalty = static_cast<double>(dry.multiplier) *
+                           std::pow(static_cast<double>(dry.base),
+                                    static_cast<double>(matches[k].second - dry.allowed_length));
+    TokenUpdate u = Entry(matches[k].first, kUpdateLateBias);
+    u.late_bias = -static_cast<float>(penalty);
+    out.push_back(u);
+  }
+  return out;
+}
 
 std::vector<TokenUpdate> RowTokenUpdates(const TokenAdjustments& adjustments,
                                          const PenaltySettings& penalties,
@@ -75,6 +133,9 @@ std::vector<TokenUpdate> RowTokenUpdates(const TokenAdjustments& adjustments,
       }
     }
   }
+  // Step 3's DRY, added after the penalties (kUpdateLateBias).
+  std::vector<TokenUpdate> dry = DryUpdates(adjustments.dry, prompt, output, drafts_before);
+  all.insert(all.end(), dry.begin(), dry.end());
   return MergeTokenUpdates(std::move(all));
 }
 

@@ -26,14 +26,26 @@
 
 namespace samplerd {
 
+// The DRY penalty's settings after SPEC 2's checks (SPEC 3 step 3).
+struct DryPenalty {
+  float multiplier = 0.0f;  // 0 = off
+  float base = 1.75f;
+  int32_t allowed_length = 2;
+  std::vector<int32_t> breakers;  // sorted, unique
+  int32_t range = 0;              // the context's last `range` tokens; 0 = all
+  bool on() const { return multiplier > 0.0f; }
+};
+
 // A request's token adjustments after SPEC 2's checks (validate.cc), in the form rows use.
 struct TokenAdjustments {
   std::vector<std::vector<int32_t>> bad_words;
   int32_t min_tokens = 0;
   std::vector<int32_t> stop_token_ids;                // sorted, unique
   std::vector<std::pair<int32_t, float>> logit_bias;  // sorted by token, unique
+  DryPenalty dry;
   bool empty() const {
-    return bad_words.empty() && (min_tokens == 0 || stop_token_ids.empty()) && logit_bias.empty();
+    return bad_words.empty() && (min_tokens == 0 || stop_token_ids.empty()) &&
+           logit_bias.empty() && !dry.on();
   }
 };
 
@@ -46,6 +58,13 @@ std::vector<TokenUpdate> RowTokenUpdates(const TokenAdjustments& adjustments,
                                          absl::Span<const int32_t> prompt,
                                          absl::Span<const int32_t> output,
                                          absl::Span<const int32_t> drafts_before);
+
+// SPEC 3 step 3's DRY entries of one row (kUpdateLateBias, late_bias = -penalty, one per
+// penalised token, unsorted): the context is prompt, output, drafts_before, cut to its last
+// dry.range tokens. O(context x 50) at worst (the match cap); nothing V-sized.
+std::vector<TokenUpdate> DryUpdates(const DryPenalty& dry, absl::Span<const int32_t> prompt,
+                                    absl::Span<const int32_t> output,
+                                    absl::Span<const int32_t> drafts_before);
 
 // Entries from any number of sources, as one list sorted by token with one entry per token:
 // bans win (kUpdateBan stays set; UpdateToken then ignores the rest), biases of a kind add (in

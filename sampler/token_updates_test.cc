@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 namespace samplerd {
@@ -78,6 +80,123 @@ TEST(RowTokenUpdates, EverySourceMergesIntoOneEntryPerToken) {
   EXPECT_EQ(u[3].count, 1);  // the draft; prompt tokens count for repetition only
   EXPECT_EQ(u[4].token, 8);
   EXPECT_EQ(u[4].flags, kUpdateBan);
+}
+
+// DRY (SPEC 3 step 3). The entries of a context, as (token, late_bias) pairs sorted by token.
+std::vector<std::pair<int32_t, float>> Dry(const DryPenalty& dry, std::vector<int32_t> prompt,
+                                           std::vector<int32_t> output = {},
+                                           std::vector<int32_t> drafts = {}) {
+  std::vector<TokenUpdate> u = MergeTokenUpdates(DryUpdates(dry, prompt, output, drafts));
+  std::vector<std::pair<int32_t, float>> out;
+  for (const TokenUpdate& e : u) {
+    EXPECT_EQ(e.flags, kUpdateLateBias);
+    out.emplace_back(e.token, e.late_bias);
+  }
+  return out;
+}
+
+DryPenalty SpecDry() {  // SPEC's worked example: no breakers, allowed length 2, multiplier 1, base 2
+  DryPenalty dry;
+  dry.multiplier = 1.0f;
+  dry.base = 2.0f;
+  dry.allowed_length = 2;
+  return dry;
+}
+
+using Entries = std::vector<std::pair<int32_t, float>>;
+
+TEST(DryUpdates, SpecWorkedExample) {
+  // c = [5, 6, 7, 9, 5, 6, 7]: i = 2 matches back 7, 6, 5 (m = 3), next token 9: x[9] -= 2^1.
+  EXPECT_EQ(Dry(SpecDry(), {5, 6, 7, 9, 5, 6, 7}), (Entries{{9, -2.0f}}));
+  // Off, or a context too short: nothing.
+  DryPenalty off = SpecDry();
+  off.multiplier = 0.0f;
+  EXPECT_TRUE(Dry(off, {5, 6, 7, 9, 5, 6, 7}).empty());
+  EXPECT_TRUE(Dry(SpecDry(), {7}).empty());
+  // A repeat shorter than allowed_length is free: raise it to 4 and the m = 3 match is.
+  DryPenalty longer = SpecDry();
+  longer.allowed_length = 4;
+  EXPECT_TRUE(Dry(longer, {5, 6, 7, 9, 5, 6, 7}).empty());
+  longer.allowed_length = 3;
+  EXPECT_EQ(Dry(longer, {5, 6, 7, 9, 5, 6, 7}), (Entries{{9, -1.0f}}));  // 2^0
+}
+
+TEST(DryUpdates, SequenceBreakersCutMatches) {
+  DryPenalty dry = SpecDry();
+  dry.breakers = {6};  // the match 7, 6, 5 stops before 6: m = 1 < 2
+  EXPECT_TRUE(Dry(dry, {5, 6, 7, 9, 5, 6, 7}).empty());
+  dry.breakers = {7};  // the last token is a breaker: nothing at all
+  EXPECT_TRUE(Dry(dry, {5, 6, 7, 9, 5, 6, 7}).empty());
+  dry.breakers = {9};  // the token after the match is a breaker: that match does not count
+  EXPECT_TRUE(Dry(dry, {5, 6, 7, 9, 5, 6, 7}).empty());
+  dry.breakers = {5};  // the match stops before 5: m = 2, which still counts (2^0)
+  EXPECT_EQ(Dry(dry, {5, 6, 7, 9, 5, 6, 7}), (Entries{{9, -1.0f}}));
+}
+
+TEST(DryUpdates, RangeCutsTheContextAcrossItsParts) {
+  // The last 6 of prompt [5, 6] + output [7, 9, 5] + drafts [6, 7]: c = [6, 7, 9, 5, 6, 7],
+  // i = 1 matches 7, 6 (m = 2; i - m < 0 ends it): x[9] -= 2^0.
+  DryPenalty dry = SpecDry();
+  dry.range = 6;
+  EXPECT_EQ(Dry(dry, {5, 6}, {7, 9, 5}, {6, 7}), (Entries{{9, -1.0f}}));
+  dry.range = 4;  // c = [9, 5, 6, 7]: no earlier 7
+  EXPECT_TRUE(Dry(dry, {5, 6}, {7, 9, 5}, {6, 7}).empty());
+  dry.range = 0;  // the whole context: the worked example again
+  EXPECT_EQ(Dry(dry, {5, 6}, {7, 9, 5}, {6, 7}), (Entries{{9, -2.0f}}));
+}
+
+TEST(DryUpdates, DraftsBeforeTheRowExtendTheRepeat) {
+  // A DECODE row whose earlier drafts complete the repeat: with the draft 7 the context ends
+  // 5, 6, 7 (x[9] -= 2); without it, it ends 5, 6 and i = 1 matches 6, 5 (next token 7).
+  EXPECT_EQ(Dry(SpecDry(), {5, 6, 7, 9, 5}, {6}, {7}), (Entries{{9, -2.0f}}));
+  EXPECT_EQ(Dry(SpecDry(), {5, 6, 7, 9, 5}, {6}, {}), (Entries{{7, -1.0f}}));
+}
+
+TEST(DryUpdates, MatchesStopAtFifty) {
+  // c = s + s with |s| = 60: the last token matches at i = 59 back to the start (60 long),
+  // counted as 50; the next token is s[0].
+  std::vector<int32_t> c;
+  for (int r = 0; r < 2; ++r) {
+    for (int32_t t = 0; t < 60; ++t) c.push_back(100 + t);
+  }
+  DryPenalty dry;
+  dry.multiplier = 0.8f;
+  dry.base = 1.75f;
+  dry.allowed_length = 2;
+  const float want = static_cast<float>(0.8f * std::pow(static_cast<double>(1.75f), 48.0));
+  EXPECT_EQ(Dry(dry, c), (Entries{{100, -want}}));
+  // Matches followed by different tokens: each its own (c ends 1, 2, 3: i = 2 matches 3, 2, 1
+  // and is followed by 2; i = 4 matches 3, 2 and is followed by 9).
+  EXPECT_EQ(Dry(SpecDry(), {1, 2, 3, 2, 3, 9, 1, 2, 3}), (Entries{{2, -2.0f}, {9, -1.0f}}));
+  // Two matches followed by the same token: the longer counts (M[t] = max m: 7, not 2).
+  EXPECT_EQ(Dry(SpecDry(), {2, 3, 9, 5, 1, 2, 3, 9, 5, 1, 2, 3}), (Entries{{9, -32.0f}}));
+}
+
+TEST(DryUpdates, ComposeWithTheOtherAdjustments) {
+  TokenAdjustments adjustments;
+  adjustments.logit_bias = {{9, 1.5f}};
+  adjustments.dry = SpecDry();
+  const std::vector<int32_t> prompt = {5, 6, 7, 9, 5, 6};
+  const std::vector<int32_t> output = {7};
+  const std::vector<TokenUpdate> u =
+      RowTokenUpdates(adjustments, PenaltySettings{1.0f, 0.5f, 0.0f}, prompt, output, {});
+  const auto nine = std::find_if(u.begin(), u.end(), [](const TokenUpdate& e) { return e.token == 9; });
+  ASSERT_NE(nine, u.end());
+  EXPECT_EQ(nine->flags, kUpdateBias | kUpdatePenalize | kUpdateLateBias);
+  // 3.0 + bias 1.5, then the penalties (9 is in the prompt, not the output: no presence
+  // penalty), then DRY's -2 after them.
+  bool left = false;
+  EXPECT_EQ(UpdateToken(3.0f, *nine, PenaltySettings{1.0f, 0.5f, 0.0f}, &left), 2.5f);
+  EXPECT_FALSE(left);
+  // A late bias that carries a finite value out of float32 is flagged (its request fails). DRY's
+  // own largest penalty, 100 x 4^48 ~ 7.9e30, is below half an ulp of FLT_MAX, so it cannot do
+  // that alone; the check is the seam's, for any late bias.
+  TokenUpdate huge = *nine;
+  huge.flags = kUpdateLateBias;
+  huge.late_bias = -3.0e38f;
+  EXPECT_EQ(UpdateToken(-3.0e38f, huge, PenaltySettings{}, &left),
+            -std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(left);
 }
 
 }  // namespace

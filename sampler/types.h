@@ -69,6 +69,12 @@ struct SamplingParams {
   int32_t min_tokens = 0;                          // with stop_token_ids
   std::vector<int32_t> stop_token_ids;
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token, bias); the proto's map entries
+  // DRY (SPEC 3 step 3): off while dry_multiplier is 0.
+  float dry_multiplier = 0.0f;
+  std::optional<float> dry_base;               // absent = 1.75
+  std::optional<int32_t> dry_allowed_length;   // absent = 2
+  std::vector<int32_t> dry_sequence_breakers;
+  int32_t dry_range = 0;                       // 0 = the whole context
 };
 
 // Draft distributions sent with a DECODE request (SPEC section 6).

@@ -296,6 +296,44 @@ absl::StatusOr<std::vector<std::pair<int32_t, float>>> CheckLogitBias(
   return sorted;
 }
 
+// DRY's parameters (SPEC 2): the multiplier in [0, 100], the base in [1, 4], the allowed
+// length >= 1, the range >= 0 (NaN fails every range check), the breakers as a token list.
+absl::StatusOr<DryPenalty> CheckDry(const SamplingParams& params, int32_t vocab_size,
+                                    const Limits& limits, absl::string_view request_field) {
+  auto field = [&](absl::string_view name) {
+    return absl::StrCat(request_field, ".params.", name);
+  };
+  DryPenalty dry;
+  if (!(params.dry_multiplier >= 0.0f && params.dry_multiplier <= 100.0f)) {
+    return FieldError(field("dry_multiplier"),
+                      absl::StrCat(params.dry_multiplier, " is outside [0, 100]"));
+  }
+  dry.multiplier = params.dry_multiplier;
+  if (params.dry_base.has_value()) {
+    if (!(*params.dry_base >= 1.0f && *params.dry_base <= 4.0f)) {
+      return FieldError(field("dry_base"), absl::StrCat(*params.dry_base, " is outside [1, 4]"));
+    }
+    dry.base = *params.dry_base;
+  }
+  if (params.dry_allowed_length.has_value()) {
+    if (*params.dry_allowed_length < 1) {
+      return FieldError(field("dry_allowed_length"),
+                        absl::StrCat(*params.dry_allowed_length, " must be >= 1"));
+    }
+    dry.allowed_length = *params.dry_allowed_length;
+  }
+  if (params.dry_range < 0) {
+    return FieldError(field("dry_range"), absl::StrCat(params.dry_range, " must be >= 0"));
+  }
+  dry.range = params.dry_range;
+  RETURN_IF_ERROR(CheckTokenList(params.dry_sequence_breakers, vocab_size, limits, request_field,
+                                 ".params.dry_sequence_breakers"));
+  dry.breakers = params.dry_sequence_breakers;
+  std::sort(dry.breakers.begin(), dry.breakers.end());
+  dry.breakers.erase(std::unique(dry.breakers.begin(), dry.breakers.end()), dry.breakers.end());
+  return dry;
+}
+
 // SPEC 2's token adjustments of one request, each field checked in one function above (its
 // length against the server's limit, its values, its token ids against V); then the request's
 // TokenAdjustments, and allowed_token_ids folded into each sampled row's mask (SPEC 3 step 2a:
@@ -324,6 +362,7 @@ absl::Status PlanAdjustments(const SamplingParams& params, int32_t vocab_size,
   std::sort(adj.stop_token_ids.begin(), adj.stop_token_ids.end());
   adj.stop_token_ids.erase(std::unique(adj.stop_token_ids.begin(), adj.stop_token_ids.end()),
                            adj.stop_token_ids.end());
+  ASSIGN_OR_RETURN(adj.dry, CheckDry(params, vocab_size, limits, request_field));
   if (params.allowed_token_ids.empty()) return absl::OkStatus();
   // The allowed ids' mask, shared by rows without a grammar mask; AND-ed with each row's own.
   const size_t bytes = 4 * ((static_cast<size_t>(vocab_size) + 31) / 32);

@@ -203,6 +203,18 @@ TEST_F(PlanStepTest, RejectsEachFaultyTokenAdjustment) {
       {[](SamplingParams& p) { p.logit_bias = {{1, 0}, {2, 0}, {3, 0}, {4, 0}}; },
        "params.logit_bias"},
       {[](SamplingParams& p) { p.bad_words = {{1, 2}, {3, 4}}; }, "params.bad_words"},
+      // DRY (SPEC 2): multiplier in [0, 100], base in [1, 4], allowed length >= 1, range >= 0,
+      // breakers a token list.
+      {[](SamplingParams& p) { p.dry_multiplier = -0.5f; }, "params.dry_multiplier"},
+      {[](SamplingParams& p) { p.dry_multiplier = 100.5f; }, "params.dry_multiplier"},
+      {[&](SamplingParams& p) { p.dry_multiplier = nan; }, "params.dry_multiplier"},
+      {[](SamplingParams& p) { p.dry_multiplier = 1.0f; p.dry_base = 0.99f; }, "params.dry_base"},
+      {[](SamplingParams& p) { p.dry_base = 4.01f; }, "params.dry_base"},
+      {[&](SamplingParams& p) { p.dry_base = nan; }, "params.dry_base"},
+      {[](SamplingParams& p) { p.dry_allowed_length = 0; }, "params.dry_allowed_length"},
+      {[](SamplingParams& p) { p.dry_range = -1; }, "params.dry_range"},
+      {[](SamplingParams& p) { p.dry_sequence_breakers = {1, 2, 3, 4}; },
+       "params.dry_sequence_breakers"},
   };
   for (const Case& c : cases) {
     RequestInputs r = PrefillRequest("a", 0, 1);
@@ -218,6 +230,10 @@ TEST_F(PlanStepTest, RejectsEachFaultyTokenAdjustment) {
   // The range's ends, and lists at the limit, are accepted.
   RequestInputs ok = PrefillRequest("a", 0, 1);
   ok.params.logit_bias = {{1, -100.0f}, {2, 100.0f}, {3, 0.0f}};
+  ok.params.dry_multiplier = 100.0f;
+  ok.params.dry_base = 4.0f;
+  ok.params.dry_allowed_length = 1;
+  ok.params.dry_sequence_breakers = {1, 2, 3};
   ok.params.bad_words = {{1}, {2, 3}};
   ok.params.allowed_token_ids = {1, 2, 3};
   ok.params.min_tokens = 0;
@@ -241,6 +257,8 @@ TEST_F(PlanStepTest, RejectsAdjustmentTokenIdsOutsideVocabulary) {
       {[](RequestInputs& r) { r.params.logit_bias = {{37, 1.0f}}; }, "params.logit_bias[37]"},
       {[](RequestInputs& r) { r.params.logit_bias = {{4, 1.0f}, {4, 2.0f}}; },
        "params.logit_bias[4]"},
+      {[](RequestInputs& r) { r.params.dry_sequence_breakers = {2, 37}; },
+       "params.dry_sequence_breakers[1]"},
   };
   for (const Case& c : cases) {
     RequestInputs r = PrefillRequest("a", 0, 1);

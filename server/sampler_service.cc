@@ -576,7 +576,7 @@ grpc::Status SamplerService::GetServerInfo(grpc::ServerContext*, const v1::GetSe
        {"prefill", "decode", "draft", "draft_pool", "prompt_logprobs", "grammar_masks",
         "penalties", "force_top_n", "sum_smaller_probs", "golden_tokens", "inline_logits",
         "host_shm", "shards", "bf16", "fp16", "release", "token_adjustments",
-        "registration_leases"}) {
+        "registration_leases", "dry"}) {
     response->add_features(feature);
   }
   if (groups_.available()) {
