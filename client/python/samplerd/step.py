@@ -16,7 +16,8 @@ from .shm import ShmRegion
 
 
 _SCALAR_PARAMS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                  "presence_penalty", "frequency_penalty", "top_logprobs")
+                  "presence_penalty", "frequency_penalty", "top_logprobs", "dry_multiplier",
+                  "dry_base", "dry_allowed_length", "dry_range")
 
 
 @dataclass
@@ -28,7 +29,11 @@ class SamplingParams:
     (only these may be sampled), `bad_words` (token-id sequences: the last token of a word is
     banned where the output history ends with the rest of it), `min_tokens` with
     `stop_token_ids` (banned until the output history holds min_tokens tokens) and
-    `logit_bias` ({token id: bias in [-100, 100]})."""
+    `logit_bias` ({token id: bias in [-100, 100]}).
+
+    DRY (SPEC 3 step 3, as llama.cpp and text-generation-webui define it): `dry_multiplier`
+    (0 = off), `dry_base` (1.75), `dry_allowed_length` (2), `dry_sequence_breakers` (token
+    ids), `dry_range` (0 = the whole context); None = the server's default."""
 
     temperature: Optional[float] = None
     top_p: Optional[float] = None
@@ -44,6 +49,11 @@ class SamplingParams:
     min_tokens: int = 0
     stop_token_ids: Sequence[int] = ()
     logit_bias: Optional[Mapping[int, float]] = None
+    dry_multiplier: Optional[float] = None
+    dry_base: Optional[float] = None
+    dry_allowed_length: Optional[int] = None
+    dry_sequence_breakers: Sequence[int] = ()
+    dry_range: Optional[int] = None
 
     def __setattr__(self, name, value):
         object.__setattr__(self, name, value)
@@ -54,7 +64,8 @@ class SamplingParams:
         # measured building them): scalars only (what assignment alone can change) are encoded
         # once and merged as bytes after that; token lists, which a caller may change in place,
         # are written every time.
-        if self.allowed_token_ids or self.bad_words or self.stop_token_ids or self.logit_bias:
+        if (self.allowed_token_ids or self.bad_words or self.stop_token_ids or self.logit_bias
+                or self.dry_sequence_breakers):
             self._fill_fields(msg)
             return
         encoded = self._encoded
@@ -82,6 +93,8 @@ class SamplingParams:
             msg.stop_token_ids.extend(int(t) for t in self.stop_token_ids)
         for token, bias in (self.logit_bias or {}).items():
             msg.logit_bias[int(token)] = float(bias)
+        if self.dry_sequence_breakers:
+            msg.dry_sequence_breakers.extend(int(t) for t in self.dry_sequence_breakers)
 
 
 Mask = Union[bytes, np.ndarray, None]

@@ -197,3 +197,32 @@ def test_speculative_decoding_emits_the_targets_distribution(client):
     assert lam_accept_all > 10 * lam90, "the draft is too close to the target to test anything"
     assert 0.05 < accept_rate < 0.95
     assert p_value > 1e-4, f"emitted tokens are not distributed as the target's (p {p_value:.3g})"
+
+
+def longest_repeat(tokens):
+    """The longest n such that some n-gram occurs twice in `tokens`."""
+    best = 0
+    for n in range(1, len(tokens)):
+        grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+        if len(set(grams)) == len(grams):
+            break
+        best = n
+    return best
+
+
+def test_dry_breaks_a_greedy_loop(client):
+    """A tiny Llama (vocab 64, default init) whose greedy generation falls into a loop; the same
+    greedy decoding with DRY (multiplier 0.8, base 1.75, allowed length 2: the values
+    text-generation-webui suggests) does not repeat anything longer than a few tokens."""
+    model = tiny_llama(vocab=64, hidden=64, layers=2, seed=0)
+    prompts = [[1, 17, 22], [3, 4, 5, 6]]
+    plain = generate(client, model, prompts, [samplerd.SamplingParams(temperature=0)] * 2, 64)
+    dry = samplerd.SamplingParams(temperature=0, dry_multiplier=0.8, dry_base=1.75,
+                                  dry_allowed_length=2)
+    broken = generate(client, model, prompts, [dry] * 2, 64)
+    loops = [longest_repeat(g.tokens) for g in plain]
+    after = [longest_repeat(g.tokens) for g in broken]
+    print(f"\ndry: longest repeated n-gram in 64 greedy tokens, without DRY {loops}, with {after};"
+          f" tail without: {plain[0].tokens[-8:]}, with: {broken[0].tokens[-8:]}")
+    assert loops[0] >= 16, "the model no longer loops: the test shows nothing"
+    assert max(after) <= 4
