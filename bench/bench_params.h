@@ -38,6 +38,27 @@ inline void AddBenchAdjustments(SamplingParams& p, std::vector<int32_t>& output,
   p.stop_token_ids = {2, 3};
 }
 
+// DRY's cost setting (issue 33): a 4,096-token context whose pattern recurs every 512 tokens,
+// so the last token has 7 earlier matches, each as long as the cap (50): the case DRY is for,
+// and near its worst. `seed` varies the tokens per request.
+inline constexpr int32_t kBenchDryContext = 4096;
+inline std::vector<int32_t> BenchDryContext(uint64_t seed) {
+  std::vector<int32_t> context(kBenchDryContext);
+  for (int32_t k = 0; k < kBenchDryContext; ++k) {
+    context[k] = static_cast<int32_t>((seed * 131 + static_cast<uint64_t>(k % 512) * 2017) %
+                                      kBenchVocab);
+  }
+  return context;
+}
+
+// text-generation-webui's suggested DRY settings, with two breakers.
+inline void AddBenchDry(SamplingParams& p) {
+  p.dry_multiplier = 0.8f;
+  p.dry_base = 1.75f;
+  p.dry_allowed_length = 2;
+  p.dry_sequence_breakers = {13, 198};
+}
+
 }  // namespace samplerd
 
 #endif  // SAMPLERD_BENCH_BENCH_PARAMS_H_

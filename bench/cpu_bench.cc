@@ -201,6 +201,32 @@ void BenchDecode() {
   std::printf("%-22s %10.2f %9.3fx\n", "decode top-N drafts", t_topn * 1e3, t_topn / t_prefill);
 }
 
+// DRY's cost (issue 33): R = 16 PREFILL rows, each request with a 4,096-token context, with
+// and without DRY, measured alternately in this run (PlanStep + Sample: the host work DRY adds
+// is in the planning of each row's updates).
+void BenchDry() {
+  std::printf("== DRY: R=16 prefill, V=%d, %d-token contexts, with and without DRY\n", kVocab,
+              kBenchDryContext);
+  const HostLogits logits(16, kVocab, /*seed=*/4, /*scale=*/2.0f);
+  auto all = CpuBackend::Create({});
+  Step plain = PrefillStep(logits, 16);
+  for (size_t r = 0; r < plain.requests.size(); ++r) {
+    plain.requests[r].prompt_token_ids = BenchDryContext(r);
+  }
+  Step dry = plain;
+  for (RequestInputs& r : dry.requests) AddBenchDry(r.params);
+  std::vector<double> plain_s, dry_s;
+  for (int round = 0; round < 5; ++round) {
+    plain_s.push_back(MedianSeconds(10, [&] { RunOrDie(**all, plain); }));
+    dry_s.push_back(MedianSeconds(10, [&] { RunOrDie(**all, dry); }));
+  }
+  std::sort(plain_s.begin(), plain_s.end());
+  std::sort(dry_s.begin(), dry_s.end());
+  const double p = plain_s[plain_s.size() / 2], d = dry_s[dry_s.size() / 2];
+  std::printf("step ms: without DRY %.3f, with DRY %.3f: %+.2f%% (medians of 5 rounds of 10)\n",
+              p * 1e3, d * 1e3, 100.0 * (d / p - 1.0));
+}
+
 }  // namespace
 }  // namespace samplerd
 
@@ -208,5 +234,6 @@ int main(int argc, char** argv) {
   const std::string only = argc > 1 ? argv[1] : "";
   if (only.empty() || only == "prefill") samplerd::BenchPrefill();
   if (only.empty() || only == "decode") samplerd::BenchDecode();
+  if (only.empty() || only == "dry") samplerd::BenchDry();
   return 0;
 }

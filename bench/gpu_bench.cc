@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -229,6 +230,63 @@ int Main(int argc, char** argv) {
                 stages.c_str());
     rows_out.push_back({c.name, us, bytes / bandwidth * 1e6,
                         c.dtype == DType::kFloat32 ? "fp32" : "bf16", c.rows, c.plain});
+    cudaFree(device);
+  }
+  // DRY (issue 33): R = 16 PREFILL rows with 4,096-token contexts, with and without DRY,
+  // alternately in this run. DRY's work is on the host (each row's updates, planned in Sample),
+  // so both the kernels' time and Sample()'s wall time (host and device) are compared.
+  if (only.empty() || only == "dry") {
+    HostLogits logits(16, kVocab, 13, 2.0f);
+    void* device;
+    const size_t bytes = logits.values.size() * sizeof(float);
+    SAMPLERD_CUDA_CHECK(cudaMalloc(&device, bytes));
+    SAMPLERD_CUDA_CHECK(cudaMemcpy(device, logits.values.data(), bytes, cudaMemcpyHostToDevice));
+    Step plain = MakeStep(StepKind::kPrefill, logits, kVocab);
+    plain.logits.data = device;
+    plain.logits.on_device = true;
+    for (int r = 0; r < 16; ++r) {
+      RequestInputs req = PrefillRequest("r" + std::to_string(r), r, r, 100);
+      req.params = BenchParams(r);
+      req.prompt_token_ids = BenchDryContext(r);
+      plain.requests.push_back(req);
+    }
+    Step dry = plain;
+    for (RequestInputs& r : dry.requests) AddBenchDry(r.params);
+    auto median_of = [&](const Step& step, double* wall_us) {
+      auto plan = PlanStep(step, Limits{}, [] { return uint64_t{1}; });
+      std::vector<double> kernel, wall;
+      for (int i = 0; i < 105; ++i) {
+        const auto start = std::chrono::steady_clock::now();
+        auto result = (*gpu)->Sample(*plan);
+        const double us = std::chrono::duration<double, std::micro>(
+                              std::chrono::steady_clock::now() - start).count();
+        if (!result.ok() || !result->results[0].status.ok()) std::exit(1);
+        if (i >= 5) {
+          kernel.push_back(result->kernel_us);
+          wall.push_back(us);
+        }
+      }
+      std::sort(kernel.begin(), kernel.end());
+      std::sort(wall.begin(), wall.end());
+      *wall_us = wall[wall.size() / 2];
+      return kernel[kernel.size() / 2];
+    };
+    std::vector<double> pk, dk, pw, dw;
+    for (int round = 0; round < 5; ++round) {
+      double w;
+      pk.push_back(median_of(plain, &w));
+      pw.push_back(w);
+      dk.push_back(median_of(dry, &w));
+      dw.push_back(w);
+    }
+    auto med = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    std::printf("DRY, prefill R=16, %d-token contexts: kernels %.1f vs %.1f us (%+.1f%%), "
+                "Sample() wall %.1f vs %.1f us (%+.1f%%) (with vs without; medians of 5 rounds)\n",
+                kBenchDryContext, med(dk), med(pk), 100.0 * (med(dk) / med(pk) - 1.0), med(dw),
+                med(pw), 100.0 * (med(dw) / med(pw) - 1.0));
     cudaFree(device);
   }
   // Token adjustments against the same step without them, in this run.

@@ -167,6 +167,22 @@ TEST(CudaBackend, RandomTokenAdjustmentsMatchCpu) {
       for (int i = 0; i < 200; ++i) p.allowed_token_ids.push_back(token(vocab));
     }
   };
+  // DRY on half the requests (issue 33): a prompt of a 6-token pattern repeated, an output that
+  // starts it again, so the context ends in a repeat that DRY penalises.
+  auto dry = [&](RequestInputs& r, int32_t vocab) {
+    if (rng() % 2 == 0) return;
+    std::vector<int32_t> pattern;
+    for (int k = 0; k < 6; ++k) pattern.push_back(token(vocab));
+    r.prompt_token_ids.clear();
+    for (int k = 0; k < 20; ++k) {
+      r.prompt_token_ids.insert(r.prompt_token_ids.end(), pattern.begin(), pattern.end());
+    }
+    r.output_token_ids.assign(pattern.begin(), pattern.begin() + 3);
+    r.params.dry_multiplier = 0.8f;
+    r.params.dry_base = 1.75f;
+    r.params.dry_sequence_breakers = {token(vocab)};
+    r.params.dry_range = rng() % 2 == 0 ? 0 : 64;
+  };
   for (int32_t vocab : {1000, 129280}) {
     for (uint64_t seed = 0; seed < 4; ++seed) {
       const int rows = 16;
@@ -176,7 +192,10 @@ TEST(CudaBackend, RandomTokenAdjustmentsMatchCpu) {
       mask_storage.reserve(rows);
       Step step = PrefillStep(logits, vocab, rows, seed + 50, sets[seed % sets.size()], 0,
                               /*masks=*/seed % 2 == 1, &mask_storage);
-      for (RequestInputs& r : step.requests) adjust(r.params, vocab, r.output_token_ids);
+      for (RequestInputs& r : step.requests) {
+        dry(r, vocab);
+        adjust(r.params, vocab, r.output_token_ids);
+      }
       CompareWithCpu(RunStep(*cpu, step), RunStep(*gpu, step), tally,
               "prefill V=" + std::to_string(vocab) + " seed=" + std::to_string(seed), step);
       if (HasFatalFailure()) return;
@@ -199,6 +218,7 @@ TEST(CudaBackend, RandomTokenAdjustmentsMatchCpu) {
         d.params.top_k = 40;
         d.params.top_logprobs = 3;
         d.output_token_ids = {token(vocab), token(vocab)};
+        dry(d, vocab);
         for (int j = 0; j + 1 < q; ++j) {
           // The target row's argmax: accepted with high probability.
           const float* row = logits.Row(i * q + j);
