@@ -24,6 +24,7 @@
 #include "sampler/reference_sampler.h"
 #include "sampler/spec_rules.h"
 #include "bench/bench_params.h"
+#include "sampler/token_updates.h"
 #include "sampler/test_util.h"
 
 namespace samplerd {
@@ -225,6 +226,16 @@ void BenchDry() {
   const double p = plain_s[plain_s.size() / 2], d = dry_s[dry_s.size() / 2];
   std::printf("step ms: without DRY %.3f, with DRY %.3f: %+.2f%% (medians of 5 rounds of 10)\n",
               p * 1e3, d * 1e3, 100.0 * (d / p - 1.0));
+  // The host work alone: one row's entries from its 4,096-token context.
+  TokenAdjustments adjustments;
+  adjustments.dry.multiplier = 0.8f;
+  adjustments.dry.breakers = {13, 198};
+  const std::vector<int32_t> context = BenchDryContext(1);
+  size_t entries = 0;
+  const double row_s = MedianSeconds(2000, [&] {
+    entries += RowTokenUpdates(adjustments, PenaltySettings{}, context, {}, {}).size();
+  });
+  std::printf("one row's DRY entries (RowTokenUpdates): %.2f us\n", row_s * 1e6);
 }
 
 }  // namespace

@@ -52,48 +52,76 @@ std::vector<TokenUpdate> DryUpdates(const DryPenalty& dry, absl::Span<const int3
                                     absl::Span<const int32_t> drafts_before) {
   std::vector<TokenUpdate> out;
   if (!dry.on()) return out;
-  // The context c, contiguous: prompt, output, drafts, cut to the last `range` tokens.
+  // The context c is prompt, output, drafts, cut to the last `range` tokens; it is read where
+  // it lies (no copy: a 4,096-token context is 16 KB a row).
   const size_t total = prompt.size() + output.size() + drafts_before.size();
   const size_t n = dry.range > 0 ? std::min(total, static_cast<size_t>(dry.range)) : total;
   if (n < 2) return out;
-  std::vector<int32_t> c;
-  c.reserve(n);
-  size_t skip = total - n;
-  for (absl::Span<const int32_t> part : {prompt, output, drafts_before}) {
-    if (skip >= part.size()) {
-      skip -= part.size();
-      continue;
+  const size_t first = total - n;  // c[k] is the concatenation's element first + k
+  const absl::Span<const int32_t> parts[3] = {prompt, output, drafts_before};
+  auto at = [&](size_t k) {
+    size_t g = first + k;
+    for (const absl::Span<const int32_t>& part : parts) {
+      if (g < part.size()) return part[g];
+      g -= part.size();
     }
-    c.insert(c.end(), part.begin() + static_cast<ptrdiff_t>(skip), part.end());
-    skip = 0;
-  }
+    return int32_t{-1};  // not reached: k < n
+  };
   auto breaker = [&dry](int32_t t) {
     return std::binary_search(dry.breakers.begin(), dry.breakers.end(), t);
   };
-  const int32_t last = c[n - 1];
+  // The context's end, which every match is compared with: c[n - 1 - m] = tail[m].
+  int32_t tail[kDryMaxMatch + 1];
+  const size_t tail_size = std::min(n, static_cast<size_t>(kDryMaxMatch) + 1);
+  for (size_t m = 0; m < tail_size; ++m) tail[m] = at(n - 1 - m);
+  const int32_t last = tail[0];
   if (breaker(last)) return out;
   // (the token after a match, the match's length) for every match long enough to count.
   std::vector<std::pair<int32_t, int32_t>> matches;
-  for (size_t i = 0; i + 1 < n; ++i) {
-    if (c[i] != last || breaker(c[i + 1])) continue;
+  auto match_at = [&](size_t i) {  // c[i] == last, i <= n - 2
+    const int32_t next = at(i + 1);
+    if (breaker(next)) return;
     int32_t m = 1;
-    while (m < kDryMaxMatch && static_cast<size_t>(m) <= i && c[i - m] == c[n - 1 - m] &&
-           !breaker(c[n - 1 - m])) {
+    while (m < kDryMaxMatch && static_cast<size_t>(m) <= i && at(i - m) == tail[m] &&
+           !breaker(tail[m])) {
       ++m;
     }
-    if (m >= dry.allowed_length) matches.emplace_back(c[i + 1], m);
+    if (m >= dry.allowed_length) matches.emplace_back(next, m);
+  };
+  // Candidates i in [0, n - 2] with c[i] == last, part by part, in blocks whose test has no
+  // early exit (the compiler vectorises it): the scan is the cost of a long context.
+  size_t k = 0;  // c-index of the part's first element in range
+  size_t g = 0;  // concatenation index of the part's start
+  for (const absl::Span<const int32_t>& part : parts) {
+    const size_t begin = first > g ? std::min(first - g, part.size()) : 0;
+    const int32_t* data = part.data();
+    constexpr size_t kBlock = 64;
+    for (size_t b = begin; b < part.size(); b += kBlock) {
+      const size_t e = std::min(part.size(), b + kBlock);
+      if (e - b == kBlock) {  // a whole block: a fixed trip count, which -O2 vectorises
+        int32_t hits = 0;
+        for (size_t j = 0; j < kBlock; ++j) hits |= static_cast<int32_t>(data[b + j] == last);
+        if (hits == 0) continue;
+      }
+      for (size_t j = b; j < e; ++j) {
+        const size_t i = k + (j - begin);
+        if (data[j] == last && i + 1 < n) match_at(i);
+      }
+    }
+    k += part.size() - begin;
+    g += part.size();
   }
   // M[t]: the longest match followed by t.
   std::sort(matches.begin(), matches.end(), [](const auto& a, const auto& b) {
     return a.first < b.first || (a.first == b.first && a.second > b.second);
   });
-  for (size_t k = 0; k < matches.size(); ++k) {
-    if (k > 0 && matches[k].first == matches[k - 1].first) continue;
+  for (size_t j = 0; j < matches.size(); ++j) {
+    if (j > 0 && matches[j].first == matches[j - 1].first) continue;
     // In float64, rounded to float32 once; subtracting it is adding its negation exactly.
     const double penalty = static_cast<double>(dry.multiplier) *
                            std::pow(static_cast<double>(dry.base),
-                                    static_cast<double>(matches[k].second - dry.allowed_length));
-    TokenUpdate u = Entry(matches[k].first, kUpdateLateBias);
+                                    static_cast<double>(matches[j].second - dry.allowed_length));
+    TokenUpdate u = Entry(matches[j].first, kUpdateLateBias);
     u.late_bias = -static_cast<float>(penalty);
     out.push_back(u);
   }

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -197,6 +199,56 @@ TEST(DryUpdates, ComposeWithTheOtherAdjustments) {
   EXPECT_EQ(UpdateToken(-3.0e38f, huge, PenaltySettings{}, &left),
             -std::numeric_limits<float>::infinity());
   EXPECT_TRUE(left);
+}
+
+// SPEC 3 step 3 read literally (a copied context, every i, a map of M[t]), against DryUpdates'
+// no-copy, block-scanning version, on random contexts split at random into prompt, output and
+// drafts, with random breakers, ranges and a small alphabet (so matches are many and long).
+TEST(DryUpdates, AgreesWithSpecReadLiterallyOnRandomContexts) {
+  std::mt19937_64 rng(33);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int32_t alphabet = 2 + static_cast<int32_t>(rng() % 6);
+    const size_t total = rng() % 300;
+    std::vector<int32_t> c(total);
+    for (int32_t& t : c) t = static_cast<int32_t>(rng() % alphabet);
+    if (trial % 3 == 0) {  // a long exact repeat, past the 50 cap
+      for (size_t k = 0; k < total; ++k) c[k] = static_cast<int32_t>(k % 61) + 10;
+    }
+    const size_t a = total ? rng() % (total + 1) : 0, b = a + (total - a ? rng() % (total - a + 1) : 0);
+    DryPenalty dry;
+    dry.multiplier = 0.8f;
+    dry.base = 1.75f;
+    dry.allowed_length = 1 + static_cast<int32_t>(rng() % 3);
+    if (rng() % 2) dry.breakers = {static_cast<int32_t>(rng() % alphabet)};
+    dry.range = rng() % 2 ? 0 : static_cast<int32_t>(rng() % 200);
+    // The literal reading.
+    std::vector<int32_t> ctx = c;
+    if (dry.range > 0 && ctx.size() > static_cast<size_t>(dry.range)) {
+      ctx.erase(ctx.begin(), ctx.end() - dry.range);
+    }
+    auto is_breaker = [&](int32_t t) {
+      return std::find(dry.breakers.begin(), dry.breakers.end(), t) != dry.breakers.end();
+    };
+    std::map<int32_t, int32_t> longest;
+    const int64_t n = static_cast<int64_t>(ctx.size());
+    if (n >= 2 && !is_breaker(ctx[n - 1])) {
+      for (int64_t i = 0; i <= n - 2; ++i) {
+        if (ctx[i] != ctx[n - 1] || is_breaker(ctx[i + 1])) continue;
+        int32_t m = 1;
+        while (m < 50 && i - m >= 0 && ctx[i - m] == ctx[n - 1 - m] && !is_breaker(ctx[n - 1 - m])) ++m;
+        longest[ctx[i + 1]] = std::max(longest[ctx[i + 1]], m);
+      }
+    }
+    Entries want;
+    for (const auto& [t, m] : longest) {
+      if (m < dry.allowed_length) continue;
+      want.emplace_back(t, -static_cast<float>(0.8f * std::pow(static_cast<double>(1.75f),
+                                                                  m - dry.allowed_length)));
+    }
+    const std::vector<int32_t> prompt(c.begin(), c.begin() + a), output(c.begin() + a, c.begin() + b),
+        drafts(c.begin() + b, c.end());
+    ASSERT_EQ(Dry(dry, prompt, output, drafts), want) << "trial " << trial;
+  }
 }
 
 }  // namespace

@@ -39,7 +39,12 @@ if ! podman image exists docker.io/library/debian:12; then
     cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/" 2>/dev/null || true
     cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/" 2>/dev/null || true
     [[ -f /etc/pip.conf ]] && cp /etc/pip.conf "$root/etc/pip.conf"
-    tar -C "$root" -c . | podman import - docker.io/library/debian:12 >/dev/null
+    # Storing an image is where podman fails inside a chroot ("remount /: invalid argument").
+    if ! tar -C "$root" -c . | podman import - docker.io/library/debian:12 >/dev/null 2>/tmp/podman-setup.err; then
+      rm -rf "$root"
+      echo "podman-setup: podman cannot store images here: $(tail -1 /tmp/podman-setup.err)" >&2
+      exit 3
+    fi
     rm -rf "$root"
     podman tag docker.io/library/debian:12 docker.io/library/debian:12-slim
   fi
