@@ -8,6 +8,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$PWD/deploy/tests/containers.conf}
+# Inside a chroot (a fresh-machine rehearsal) podman cannot store images, and its storage
+# mounts would outlive the run: said, and nothing installed or mounted.
+if command -v ischroot >/dev/null && ischroot; then
+  echo "podman-setup: this is a chroot: podman cannot run containers here" >&2
+  exit 3
+fi
 # catatonit: the pause process of a pod's infra container.
 if ! command -v podman >/dev/null || ! command -v runc >/dev/null ||
    ! dpkg-query -W -f='${Status}' catatonit 2>/dev/null | grep -q "install ok installed"; then
