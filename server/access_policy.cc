@@ -8,9 +8,16 @@
 
 namespace samplerd {
 
-AccessPolicy::AccessPolicy(const std::vector<std::string>& allowed_identities)
+AccessPolicy::AccessPolicy(const std::vector<std::string>& allowed_identities, bool mutual_tls)
     : restricted_(!allowed_identities.empty()),
+      mutual_tls_(mutual_tls),
       allowed_(allowed_identities.begin(), allowed_identities.end()) {}
+
+std::string AccessPolicy::ScopePrefix(const grpc::ServerContext& context) const {
+  if (!mutual_tls_) return "";
+  const std::vector<std::string> identities = Identities(context);
+  return identities.empty() ? "" : absl::StrCat("cert:", identities.front(), "/");
+}
 
 std::vector<std::string> AccessPolicy::Identities(const grpc::ServerContext& context) {
   std::vector<std::string> out;

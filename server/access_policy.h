@@ -29,10 +29,14 @@ class AccessPolicy {
   // No allowlist: every caller is privileged.
   AccessPolicy() = default;
   // Privileged: callers whose client certificate has one of these subject alternative names
-  // (DNS name, URI, e-mail address or IP address, compared as written).
-  explicit AccessPolicy(const std::vector<std::string>& allowed_identities);
+  // (DNS name, URI, e-mail address or IP address, compared as written). `mutual_tls`: clients
+  // present certificates (--tls_client_ca_file), so calls have identities to scope by.
+  AccessPolicy(const std::vector<std::string>& allowed_identities, bool mutual_tls);
 
   bool restricted() const { return restricted_; }
+  // The caller's scope prefix: "cert:<first SAN>/" under mutual TLS, else "" (without looking
+  // at the call's auth context, which costs an allocation a call).
+  std::string ScopePrefix(const grpc::ServerContext& context) const;
   bool Privileged(const grpc::ServerContext& context) const;
   // OK, or PERMISSION_DENIED naming `rpc` and the caller's identities.
   absl::Status CheckPrivileged(const grpc::ServerContext& context, absl::string_view rpc) const;
@@ -46,6 +50,7 @@ class AccessPolicy {
 
  private:
   bool restricted_ = false;
+  bool mutual_tls_ = false;
   absl::flat_hash_set<std::string> allowed_;
 };
 

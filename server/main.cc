@@ -263,7 +263,8 @@ int Serve() {
                   "(--tls_client_ca_file)");
     return 2;
   }
-  options.access = AccessPolicy(allowed_clients);
+  options.access = AccessPolicy(allowed_clients,
+                                !absl::GetFlag(FLAGS_tls_client_ca_file).empty());
   // allowed_token_ids' masks are bounded per step as the grammar masks sent are.
   options.limits.max_step_mask_bytes = options.max_message_bytes;
   // Context-parallel groups: NCCL on the CUDA backend; none on the CPU backend.

@@ -376,10 +376,8 @@ absl::Status SamplerService::Guard(const grpc::ServerContext& context, absl::str
   return status;
 }
 
-std::string SamplerService::ClientScope(const grpc::ServerContext& context) {
-  const std::vector<std::string> identities = AccessPolicy::Identities(context);
-  const std::string certificate =
-      identities.empty() ? "" : absl::StrCat("cert:", identities.front(), "/");
+std::string SamplerService::ClientScope(const grpc::ServerContext& context) const {
+  const std::string certificate = options_.access.ScopePrefix(context);
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(kClientIdMetadata);
   if (it != metadata.end() && !it->second.empty()) {

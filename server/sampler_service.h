@@ -86,7 +86,7 @@ class SamplerService final : public v1::Sampler::Service {
   // verified client certificate's identity when it has one (so that an id cannot reach another
   // certificate's drafts or registrations). It scopes the client's draft pool entries and owns
   // its registrations.
-  static std::string ClientScope(const grpc::ServerContext& context);
+  std::string ClientScope(const grpc::ServerContext& context) const;
 
   // From now on steps are refused with UNAVAILABLE; steps already admitted are answered.
   void StartDraining() { draining_.store(true); }

@@ -132,8 +132,10 @@ TEST(DeadWorker, KilledWorkersLeaveNothingBehind) {
     if (i == 0) rss_first = server.RssKib();
   }
   const int64_t rss_last = server.RssKib();
-  // Flat: 19 more 64 MiB regions came and went; a leak of one would be 65,536 KiB.
-  EXPECT_LT(rss_last - rss_first, 16 * 1024) << rss_first << " KiB -> " << rss_last << " KiB";
+  // Flat: 19 more 64 MiB regions came and went; a leak of one would be 65,536 KiB. Half of that
+  // is the bound: under ASan, freed memory sits in its quarantine, and the RSS of 19 workers'
+  // calls grew by 16.3 MiB once (a fresh-machine rehearsal) with nothing leaked.
+  EXPECT_LT(rss_last - rss_first, 32 * 1024) << rss_first << " KiB -> " << rss_last << " KiB";
   std::sort(dropped_ms.begin(), dropped_ms.end());
   std::sort(expired_ms.begin(), expired_ms.end());
   std::printf(
