@@ -10,7 +10,6 @@ equal-length prompts token by token (the printout says which ran).
     python3 bench/hf_example_gpu.py --samplerd=.device-pack/bin/samplerd [--batches=1,16,64]
 """
 import argparse
-import inspect
 import statistics
 import pathlib
 import sys
@@ -23,7 +22,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "examples"), str(ROOT / "bench")]
 import samplerd  # noqa: E402
 from decode_loop_bench import VOCAB, Model, start_samplerd, torch_sample  # noqa: E402
-from hf_generate import generate, left_pad  # noqa: E402
+from hf_generate import cache_keyword, generate, left_pad  # noqa: E402
 
 
 class PlainLlama(torch.nn.Module):
@@ -66,8 +65,7 @@ def torch_generate(model, prompts, max_new_tokens, gen):
     top-p 0.95, top-5 logprobs); tokens and logprobs to the host each step, as generate()."""
     ids, mask, positions = left_pad(prompts, 0, "cuda")
     cache, out = None, []
-    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters \
-        else "past_key_values"
+    cache_arg = cache_keyword(model)
     for _ in range(max_new_tokens):
         # The model called exactly as generate() calls it (mask and positions included).
         step = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,

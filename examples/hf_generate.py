@@ -72,22 +72,31 @@ def left_pad(seqs: Sequence[Sequence[int]], pad: int, device):
     return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def cache_keyword(model) -> str:
+    """The KV cache's keyword of the model's forward: `cache` in transformers 5,
+    `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def open_steps(client, transport: str):
+    """The step transport: "channel" (the step channel: shared memory and a futex, for a worker
+    on samplerd's host, where shm and CUDA IPC logits are anyway) or "stream" (gRPC's
+    SampleStream); the same answers either way."""
+    return client.channel() if transport == "channel" else client.stream()
+
+
 @torch.no_grad()
 def generate(client, model, prompts, params, max_new_tokens=32, stop_token_ids=(), pad=0,
              transport="channel"):
-    """Each prompt's Generated. transport: "channel" (the step channel: shared memory and a
-    futex, for a worker on samplerd's host, where shm and CUDA IPC logits are anyway) or
-    "stream" (gRPC's SampleStream); the same answers either way."""
+    """Each prompt's Generated; `transport` as open_steps'."""
     device, batch = model.device, len(prompts)
     ids, mask, positions = left_pad(prompts, pad, device)
     out = [Generated() for _ in prompts]
     live, cache = list(range(batch)), None
-    # The KV cache's name: `cache` in transformers 5, `past_key_values` before.
-    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters \
-        else "past_key_values"
+    cache_arg = cache_keyword(model)
     pool = LogitsPool(client, batch, model.config.vocab_size, device)
     try:
-        with (client.channel() if transport == "channel" else client.stream()) as stream:
+        with open_steps(client, transport) as stream:
             while live:
                 step = model(input_ids=ids, attention_mask=mask, position_ids=positions,
                              use_cache=True, logits_to_keep=1, **{cache_arg: cache})

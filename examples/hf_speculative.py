@@ -13,7 +13,7 @@ import sys
 import torch
 
 import samplerd
-from hf_generate import Generated, LogitsPool, left_pad, tiny_llama
+from hf_generate import Generated, LogitsPool, left_pad, open_steps, tiny_llama
 
 
 @torch.no_grad()
@@ -26,13 +26,13 @@ def last_logits(model, seqs, n, pad=0):
 
 def speculative_generate(client, target, draft, prompts, params, k=3, max_new_tokens=32,
                          stop_token_ids=(), transport="channel"):
-    """Each sequence's Generated, and accepted drafts / proposed drafts (transport: as
-    hf_generate.generate's)."""
+    """Each sequence's Generated, and accepted drafts / proposed drafts (`transport` as
+    hf_generate.open_steps')."""
     out = [Generated() for _ in prompts]
     live, accepted, proposed = list(range(len(prompts))), 0, 0
     pool = LogitsPool(client, len(prompts) * (k + 1), target.config.vocab_size, target.device)
     try:
-        with (client.channel() if transport == "channel" else client.stream()) as stream:
+        with open_steps(client, transport) as stream:
             while live:
                 seqs = {i: list(prompts[i]) + out[i].tokens for i in live}
                 drafts = {i: [] for i in live}
