@@ -243,6 +243,13 @@ absl::Status CheckListLength(size_t size, const Limits& limits, absl::string_vie
                                  limits.max_token_list, " (GetServerInfo limits.max_token_list)"));
 }
 
+// A checked token list as a set: sorted, each id once (rows look ids up by binary search).
+std::vector<int32_t> SortedUnique(std::vector<int32_t> ids) {
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
 // A list of token ids (allowed ids, stop ids): its length, then each id in [0, V).
 absl::Status CheckTokenList(const std::vector<int32_t>& ids, int32_t vocab_size,
                             const Limits& limits, absl::string_view field,
@@ -328,9 +335,7 @@ absl::StatusOr<DryPenalty> CheckDry(const SamplingParams& params, int32_t vocab_
   dry.range = params.dry_range;
   RETURN_IF_ERROR(CheckTokenList(params.dry_sequence_breakers, vocab_size, limits, request_field,
                                  ".params.dry_sequence_breakers"));
-  dry.breakers = params.dry_sequence_breakers;
-  std::sort(dry.breakers.begin(), dry.breakers.end());
-  dry.breakers.erase(std::unique(dry.breakers.begin(), dry.breakers.end()), dry.breakers.end());
+  dry.breakers = SortedUnique(params.dry_sequence_breakers);
   return dry;
 }
 
@@ -358,10 +363,7 @@ absl::Status PlanAdjustments(const SamplingParams& params, int32_t vocab_size,
   auto field = [&] { return absl::StrCat(request_field, ".params"); };
   adj.bad_words = params.bad_words;
   adj.min_tokens = params.min_tokens;
-  adj.stop_token_ids = params.stop_token_ids;
-  std::sort(adj.stop_token_ids.begin(), adj.stop_token_ids.end());
-  adj.stop_token_ids.erase(std::unique(adj.stop_token_ids.begin(), adj.stop_token_ids.end()),
-                           adj.stop_token_ids.end());
+  adj.stop_token_ids = SortedUnique(params.stop_token_ids);
   ASSIGN_OR_RETURN(adj.dry, CheckDry(params, vocab_size, limits, request_field));
   if (params.allowed_token_ids.empty()) return absl::OkStatus();
   // The allowed ids' mask, shared by rows without a grammar mask; AND-ed with each row's own.

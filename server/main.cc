@@ -257,14 +257,16 @@ int Serve() {
   options.max_queued_steps = absl::GetFlag(FLAGS_max_queued_steps);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.registration_lease = absl::Milliseconds(absl::GetFlag(FLAGS_registration_lease_ms));
+  const TlsFiles tls{absl::GetFlag(FLAGS_tls_cert_file), absl::GetFlag(FLAGS_tls_key_file),
+                     absl::GetFlag(FLAGS_tls_client_ca_file),
+                     absl::GetFlag(FLAGS_tls_reload_interval_s)};
   const std::vector<std::string> allowed_clients = absl::GetFlag(FLAGS_tls_allowed_clients);
-  if (!allowed_clients.empty() && absl::GetFlag(FLAGS_tls_client_ca_file).empty()) {
+  if (!allowed_clients.empty() && tls.client_ca.empty()) {
     spdlog::error("--tls_allowed_clients: client identities need mutual TLS "
                   "(--tls_client_ca_file)");
     return 2;
   }
-  options.access = AccessPolicy(allowed_clients,
-                                !absl::GetFlag(FLAGS_tls_client_ca_file).empty());
+  options.access = AccessPolicy(allowed_clients, /*mutual_tls=*/!tls.client_ca.empty());
   // allowed_token_ids' masks are bounded per step as the grammar masks sent are.
   options.limits.max_step_mask_bytes = options.max_message_bytes;
   // Context-parallel groups: NCCL on the CUDA backend; none on the CPU backend.
@@ -303,9 +305,6 @@ int Serve() {
   builder.SetMaxSendMessageSize(max_bytes);
   int port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);
-  const TlsFiles tls{absl::GetFlag(FLAGS_tls_cert_file), absl::GetFlag(FLAGS_tls_key_file),
-                     absl::GetFlag(FLAGS_tls_client_ca_file),
-                     absl::GetFlag(FLAGS_tls_reload_interval_s)};
   if (!listen.empty()) {
     auto credentials =
         ListenerCredentials(tls, listen, absl::GetFlag(FLAGS_allow_insecure_network));
