@@ -4,6 +4,9 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
+#include "sampler/token_scan.h"
+
 namespace samplerd {
 namespace {
 
@@ -52,65 +55,77 @@ std::vector<TokenUpdate> DryUpdates(const DryPenalty& dry, absl::Span<const int3
                                     absl::Span<const int32_t> drafts_before) {
   std::vector<TokenUpdate> out;
   if (!dry.on()) return out;
-  // The context c is prompt, output, drafts, cut to the last `range` tokens; it is read where
-  // it lies (no copy: a 4,096-token context is 16 KB a row).
+  // The context c is prompt, output, drafts, cut to the last `range` tokens; it is read where it
+  // lies (no copy: a 4,096-token context is 16 KB a row), as up to three contiguous pieces.
   const size_t total = prompt.size() + output.size() + drafts_before.size();
   const size_t n = dry.range > 0 ? std::min(total, static_cast<size_t>(dry.range)) : total;
   if (n < 2) return out;
-  const size_t first = total - n;  // c[k] is the concatenation's element first + k
-  const absl::Span<const int32_t> parts[3] = {prompt, output, drafts_before};
-  auto at = [&](size_t k) {
-    size_t g = first + k;
-    for (const absl::Span<const int32_t>& part : parts) {
-      if (g < part.size()) return part[g];
-      g -= part.size();
+  absl::Span<const int32_t> pieces[3];
+  int num_pieces = 0;
+  {
+    size_t skip = total - n;  // the range cut
+    for (absl::Span<const int32_t> part : {prompt, output, drafts_before}) {
+      const size_t drop = std::min(skip, part.size());
+      skip -= drop;
+      if (part.size() > drop) pieces[num_pieces++] = part.subspan(drop);
     }
-    return int32_t{-1};  // not reached: k < n
-  };
+  }
   auto breaker = [&dry](int32_t t) {
     return std::binary_search(dry.breakers.begin(), dry.breakers.end(), t);
   };
-  // The context's end, which every match is compared with: c[n - 1 - m] = tail[m].
-  int32_t tail[kDryMaxMatch + 1];
-  const size_t tail_size = std::min(n, static_cast<size_t>(kDryMaxMatch) + 1);
-  for (size_t m = 0; m < tail_size; ++m) tail[m] = at(n - 1 - m);
-  const int32_t last = tail[0];
+  // The context's end, which every match is compared with, copied out of the pieces in order:
+  // c[n - 1 - m] = end[kEnd - 1 - m] for m < tail_size.
+  constexpr size_t kEnd = kDryMaxMatch + 1;
+  int32_t end[kEnd];
+  size_t tail_size = 0;
+  for (int p = num_pieces - 1; p >= 0 && tail_size < kEnd; --p) {
+    for (size_t k = pieces[p].size(); k > 0 && tail_size < kEnd; --k) {
+      end[kEnd - 1 - tail_size++] = pieces[p][k - 1];
+    }
+  }
+  auto tail = [&end](int32_t m) { return end[kEnd - 1 - m]; };
+  const int32_t last = tail(0);
   if (breaker(last)) return out;
+  // A match stops at the cap, or where the context's end reaches a breaker (the same for every
+  // candidate, so found once): m grows while m < cap.
+  int32_t cap = std::min<int32_t>(kDryMaxMatch, static_cast<int32_t>(tail_size));
+  for (int32_t m = 1; m < cap; ++m) {
+    if (breaker(tail(m))) cap = m;
+  }
   // (the token after a match, the match's length) for every match long enough to count.
-  std::vector<std::pair<int32_t, int32_t>> matches;
-  auto match_at = [&](size_t i) {  // c[i] == last, i <= n - 2
-    const int32_t next = at(i + 1);
+  absl::InlinedVector<std::pair<int32_t, int32_t>, 16> matches;
+  // Candidate: c[i] == last at pieces[p][k], with a successor in the context.
+  auto match_at = [&](int p, size_t k, int32_t next) {
     if (breaker(next)) return;
+    // m grows while c[i - m] == tail[m]: backwards from (p, k), a piece's run at a time
+    // (i - m >= 0 is running out of pieces).
     int32_t m = 1;
-    while (m < kDryMaxMatch && static_cast<size_t>(m) <= i && at(i - m) == tail[m] &&
-           !breaker(tail[m])) {
-      ++m;
+    while (m < cap) {
+      const int32_t* data = pieces[p].data();
+      const int32_t run = static_cast<int32_t>(std::min<size_t>(cap - m, k));
+      const int32_t r = static_cast<int32_t>(CommonSuffix(data + k, end + kEnd - m, run));
+      m += r;
+      if (r < run || static_cast<size_t>(run) < k || p == 0) break;
+      k = pieces[--p].size();  // this piece is used up: on into the one before
     }
     if (m >= dry.allowed_length) matches.emplace_back(next, m);
   };
-  // Candidates i in [0, n - 2] with c[i] == last, part by part, in blocks whose test has no
-  // early exit (the compiler vectorises it): the scan is the cost of a long context.
-  size_t k = 0;  // c-index of the part's first element in range
-  size_t g = 0;  // concatenation index of the part's start
-  for (const absl::Span<const int32_t>& part : parts) {
-    const size_t begin = first > g ? std::min(first - g, part.size()) : 0;
-    const int32_t* data = part.data();
-    constexpr size_t kBlock = 64;
-    for (size_t b = begin; b < part.size(); b += kBlock) {
-      const size_t e = std::min(part.size(), b + kBlock);
-      if (e - b == kBlock) {  // a whole block: a fixed trip count, which -O2 vectorises
-        int32_t hits = 0;
-        for (size_t j = 0; j < kBlock; ++j) hits |= static_cast<int32_t>(data[b + j] == last);
-        if (hits == 0) continue;
-      }
-      for (size_t j = b; j < e; ++j) {
-        const size_t i = k + (j - begin);
-        if (data[j] == last && i + 1 < n) match_at(i);
+  // Candidates: c[i] == last with a successor (the context's last token has none).
+  TokenPositions at;
+  for (int p = 0; p < num_pieces; ++p) {
+    const int32_t* data = pieces[p].data();
+    const size_t size = pieces[p].size();
+    at.clear();
+    FindToken(data, size, last, at);
+    for (uint32_t j : at) {
+      if (j + 1 < size) {
+        match_at(p, j, data[j + 1]);
+      } else if (p + 1 < num_pieces) {
+        match_at(p, j, pieces[p + 1][0]);
       }
     }
-    k += part.size() - begin;
-    g += part.size();
   }
+  if (matches.empty()) return out;
   // M[t]: the longest match followed by t.
   std::sort(matches.begin(), matches.end(), [](const auto& a, const auto& b) {
     return a.first < b.first || (a.first == b.first && a.second > b.second);

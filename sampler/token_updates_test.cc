@@ -204,11 +204,13 @@ TEST(DryUpdates, ComposeWithTheOtherAdjustments) {
 // SPEC 3 step 3 read literally (a copied context, every i, a map of M[t]), against DryUpdates'
 // no-copy, block-scanning version, on random contexts split at random into prompt, output and
 // drafts, with random breakers, ranges and a small alphabet (so matches are many and long).
+// Contexts up to 700 tokens, so pieces hold whole 64-token scan blocks and partial ones, and
+// matches cross from one piece into the one before.
 TEST(DryUpdates, AgreesWithSpecReadLiterallyOnRandomContexts) {
   std::mt19937_64 rng(33);
-  for (int trial = 0; trial < 400; ++trial) {
+  for (int trial = 0; trial < 1000; ++trial) {
     const int32_t alphabet = 2 + static_cast<int32_t>(rng() % 6);
-    const size_t total = rng() % 300;
+    const size_t total = rng() % 700;
     std::vector<int32_t> c(total);
     for (int32_t& t : c) t = static_cast<int32_t>(rng() % alphabet);
     if (trial % 3 == 0) {  // a long exact repeat, past the 50 cap
@@ -220,7 +222,10 @@ TEST(DryUpdates, AgreesWithSpecReadLiterallyOnRandomContexts) {
     dry.base = 1.75f;
     dry.allowed_length = 1 + static_cast<int32_t>(rng() % 3);
     if (rng() % 2) dry.breakers = {static_cast<int32_t>(rng() % alphabet)};
-    dry.range = rng() % 2 ? 0 : static_cast<int32_t>(rng() % 200);
+    if (rng() % 4 == 0) {
+      dry.breakers = {static_cast<int32_t>(rng() % 3), 3 + static_cast<int32_t>(rng() % 60)};
+    }
+    dry.range = rng() % 2 ? 0 : static_cast<int32_t>(rng() % 400);
     // The literal reading.
     std::vector<int32_t> ctx = c;
     if (dry.range > 0 && ctx.size() > static_cast<size_t>(dry.range)) {
