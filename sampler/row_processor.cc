@@ -20,12 +20,16 @@ constexpr int kBucketBits = 12;
 constexpr int kNumBuckets = 1 << kBucketBits;
 inline uint32_t ScoreBucket(float score) { return OrderKey(score) >> (32 - kBucketBits); }
 
-// SPEC 5's inverse-CDF draw over weights w(t), t in [0, vocab), in the order "weight
-// descending, ties by lower id", without sorting the vocabulary: the mass per bucket of the
-// weight's float image locates the bucket holding u's interval, and only that bucket is sorted.
+// SPEC 5's inverse-CDF draw over weights w(t), t in [0, vocab), in the order `before(a, b)`
+// (a before b), without sorting the vocabulary: the mass per bucket of the weight's float image
+// locates the bucket holding u's interval, and only that bucket is sorted. `before` must agree
+// with the weights' order where they differ (a bucket is a range of weights); where two weights
+// are equal it decides, so a draw from p passes the scores' order (two tokens of different
+// scores can share a float weight: ordering them by id would put the lower-scored first, and
+// move their intervals by a whole token's probability against the exact ones).
 // Returns -1 when every weight is 0.
-template <typename WeightFn>
-int32_t DrawByWeight(int32_t vocab, WeightFn weight, double u) {
+template <typename WeightFn, typename Before>
+int32_t DrawByWeight(int32_t vocab, WeightFn weight, double u, Before before) {
   std::array<double, kNumBuckets> hist{};
   for (int32_t t = 0; t < vocab; ++t) {
     const double w = weight(t);
@@ -35,13 +39,13 @@ int32_t DrawByWeight(int32_t vocab, WeightFn weight, double u) {
   for (int b = kNumBuckets - 1; b >= 0; --b) total += hist[b];
   if (!(total > 0.0)) return -1;
   const double target = u * total;
-  double before = 0.0;
+  double mass_before = 0.0;
   int crossing = -1;
   for (int b = kNumBuckets - 1; b >= 0; --b) {
     if (hist[b] == 0.0) continue;
     crossing = b;  // ends on the last non-empty bucket should rounding leave none
-    if (before + hist[b] > target) break;
-    before += hist[b];
+    if (mass_before + hist[b] > target) break;
+    mass_before += hist[b];
   }
   std::vector<std::pair<double, int32_t>> members;
   for (int32_t t = 0; t < vocab; ++t) {
@@ -50,10 +54,9 @@ int32_t DrawByWeight(int32_t vocab, WeightFn weight, double u) {
       members.emplace_back(w, t);
     }
   }
-  std::sort(members.begin(), members.end(), [](const auto& a, const auto& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  });
-  double cumulative = before;
+  std::sort(members.begin(), members.end(),
+            [&before](const auto& a, const auto& b) { return before(a.second, b.second); });
+  double cumulative = mass_before;
   for (const auto& [w, t] : members) {
     cumulative += w;
     if (cumulative > target) return t;
@@ -275,9 +278,12 @@ int32_t RowProcessor::Draw(double u) const {
     return kept_.back();
   }
   // Full-vocabulary draw without a full sort.
-  return DrawByWeight(vocab_size_, [this](int32_t t) -> double {
-    return Kept(t) ? static_cast<double>(weights_[t]) : 0.0;
-  }, u);
+  return DrawByWeight(
+      vocab_size_,
+      [this](int32_t t) -> double { return Kept(t) ? static_cast<double>(weights_[t]) : 0.0; }, u,
+      [this](int32_t a, int32_t b) {
+        return scores_[a] > scores_[b] || (scores_[a] == scores_[b] && a < b);
+      });
 }
 
 int32_t RowProcessor::DrawFromKeptWeights(const std::function<double(int32_t, double)>& weight,
@@ -300,7 +306,12 @@ int32_t RowProcessor::DrawFromKeptWeights(const std::function<double(int32_t, do
     // Many candidates: the bucketed draw over a dense copy (in id order) avoids a full sort.
     dense_.assign(vocab_size_, 0.0);
     for (const auto& [w, t] : entries_) dense_[t] = w;
-    return DrawByWeight(vocab_size_, [this](int32_t t) { return dense_[t]; }, u);
+    // The residual's order is its own value's (SPEC 6; the CUDA kernels order it by the
+    // float64 value too), ties by id.
+    return DrawByWeight(vocab_size_, [this](int32_t t) { return dense_[t]; }, u,
+                        [this](int32_t a, int32_t b) {
+                          return dense_[a] > dense_[b] || (dense_[a] == dense_[b] && a < b);
+                        });
   }
   std::sort(entries_.begin(), entries_.end(), [](const auto& a, const auto& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);

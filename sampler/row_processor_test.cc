@@ -6,6 +6,7 @@
 #include <random>
 
 #include "sampler/reference_sampler.h"
+#include "sampler/row_kernels.h"
 #include "sampler/spec_rules.h"
 #include "sampler/test_util.h"
 
@@ -136,6 +137,37 @@ TEST(RowProcessor, ExactTiesRankByLowerIdFirst) {
 // -0.0 and +0.0 are equal values: they tie and rank by id, on every route to the kept set
 // (top-p alone goes through the score histogram, top-k through the selection), and so do the
 // scores of a temperature of +inf (every finite x / inf is +-0).
+// SPEC 5 orders tokens by probability, and two different scores can have the same float32
+// weight exp(s - max): the exact probabilities still differ, so the higher score comes first
+// (its interval is the earlier one), whatever the ids. Issue 34's production-shape DRAFT draw
+// differed from the GPU's (which orders by score) by one token's probability, 5e-6, because the
+// full-vocabulary draw ordered equal weights by id.
+TEST(RowProcessor, EqualWeightsOfDifferentScoresDrawInScoreOrder) {
+  // Token 1 scores s1, token 2 a little higher with the same weight; token 0 is the max (0).
+  const float s1 = -1.0f;
+  float w[2];
+  ExpShiftAndSum(&s1, 1, 0.0f, &w[0]);
+  float s2 = s1;
+  do {
+    s2 = std::nextafter(s2, 0.0f);
+    ExpShiftAndSum(&s2, 1, 0.0f, &w[1]);
+  } while (w[1] != w[0] && s2 < -0.9f);
+  ASSERT_EQ(w[1], w[0]) << "no score above -1 shares its weight";
+  ASSERT_GT(s2, s1);
+  HostLogits logits(1, 3);
+  logits.values = {0.0f, s1, s2};
+  const NormalizedParams params = Params();
+  RowOptions options;
+  options.params = &params;
+  options.vocab_size = 3;
+  RowProcessor proc;
+  ASSERT_TRUE(proc.Process(logits.View(), 0, options).ok());
+  // Exact order 0, 2, 1: u in the middle of token 2's interval [1, 1 + w) of 1 + 2w.
+  const double weight = w[0];
+  EXPECT_EQ(proc.Draw((1.0 + 0.5 * weight) / (1.0 + 2.0 * weight)), 2);
+  EXPECT_EQ(proc.Draw((1.0 + 1.5 * weight) / (1.0 + 2.0 * weight)), 1);
+}
+
 TEST(RowProcessor, SignedZerosTieAndRankByLowerId) {
   struct Case {
     const char* what;
