@@ -13,6 +13,13 @@
 //                the k probabilities, and a gather of the token id (torch.gather there).
 //   softmax_topp OnlineSoftmax with the temperature over the whole row, then
 //                TopKTopPSamplingFromProb (the fused top-k/top-p rejection sampler).
+//   clusters     topk_first with its top-k replaced by FlashInfer's thread-block-cluster exact
+//                top-k (fast_topk_clusters_exact.cuh: a row's radix select over a cluster of
+//                up to 8 blocks, with programmatic dependent launch), launched as
+//                flashinfer.topk_clusters_exact launches it (clusters per row, cached entries
+//                and overflow buffer by its rules); then the same softmax over the k values,
+//                TopPSamplingFromProb and gather. (FlashInfer's Python dispatch uses it on
+//                compute capability 10 only; it runs on 9.0, and Hopper is what we have.)
 // Logits: gpu_bench's generator (sampler/test_util.h HostLogits: mt19937_64 seed 11, normal
 // with scale 2.0), V = 129,280; bf16 rounded to nearest even as gpu_bench does.
 //
@@ -20,11 +27,13 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "flashinfer/fast_topk_clusters_exact.cuh"
 #include "flashinfer/sampling.cuh"
 #include "flashinfer/topk.cuh"
 
@@ -60,6 +69,22 @@ __global__ void GatherToken(const int32_t* indices, const int32_t* local, int32_
                             int k) {
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r < rows) out[r] = indices[r * k + local[r]];
+}
+
+// flashinfer.topk.get_fast_topk_clusters: clusters per row by batch size.
+int ClustersFor(uint32_t rows) {
+  if (kVocab < 8192) return 1;
+  return rows <= 32 ? 8 : rows < 128 ? 4 : rows < 256 ? 2 : 1;
+}
+
+// flashinfer.topk.get_num_cached_for_topk: the entries a block caches in shared memory.
+int NumCachedFor(int k) {
+  int optin = 0;
+  SAMPLERD_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  const int blocks_per_sm = 65536 / (1024 * 32);
+  const int shared_per_block = optin / blocks_per_sm;
+  const int buffers_used = (k + 5 + 3 * 256 + 8) * 4;
+  return (shared_per_block - buffers_used - 1024) / 16;
 }
 
 struct Run {
@@ -128,6 +153,51 @@ void RunDType(const char* dtype, const std::vector<float>& all, std::vector<Run>
       return cudaGetLastError();
     };
     runs->push_back({"topk_first", dtype, rows, TimeUs(topk_first, rows, stream)});
+    if constexpr (sizeof(T) == 4) {  // FlashInfer's binding takes fp32 and fp16 only
+      const int clusters = ClustersFor(rows), num_cached = NumCachedFor(kTopK);
+      const int overflow_per_cluster = static_cast<int>(kVocab) / clusters;
+      int* overflow;
+      SAMPLERD_CUDA_CHECK(cudaMalloc(&overflow, size_t{rows} * 4 * overflow_per_cluster *
+                                                    clusters * sizeof(int)));
+      auto cluster_topk = [&](uint64_t offset) {
+        flashinfer::sampling::launch_fast_topk_clusters_exact<T, int32_t>(
+            logits, indices, values, static_cast<int>(kVocab), /*pre_hist=*/nullptr, overflow,
+            overflow_per_cluster, static_cast<int>(rows), static_cast<int>(kVocab), kTopK,
+            num_cached, clusters, /*pdl_enabled=*/true, kTopK, stream);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) return e;
+        SoftmaxOfTopK<T><<<rows, 32, 0, stream>>>(values, probs_k, kTopK, 1.0f / kTemperature);
+        e = flashinfer::sampling::TopPSamplingFromProb<float, int32_t>(
+            probs_k, local, valid, nullptr, nullptr, rows, kTopP, kTopK, /*deterministic=*/true,
+            nullptr, /*seed_val=*/1234, nullptr, offset, stream);
+        if (e != cudaSuccess) return e;
+        GatherToken<<<(rows + 255) / 256, 256, 0, stream>>>(indices, local, out, rows, kTopK);
+        return cudaGetLastError();
+      };
+      runs->push_back({"clusters", dtype, rows, TimeUs(cluster_topk, rows, stream)});
+      // The top-k it found against TopKDispatch's (as sets: the cluster kernel's order is its
+      // own), so a wrong launch cannot pass for a fast one.
+      std::vector<int32_t> a(size_t{rows} * kTopK), b(a.size());
+      SAMPLERD_CUDA_CHECK(cudaStreamSynchronize(stream));
+      SAMPLERD_CUDA_CHECK(cudaMemcpy(a.data(), indices, a.size() * 4, cudaMemcpyDeviceToHost));
+      const cudaError_t reference = flashinfer::sampling::TopKDispatch<T, int32_t>(
+          logits, indices, values, rows, kTopK, kVocab,
+          static_cast<flashinfer::sampling::RadixRowState*>(row_states), true, true,
+          flashinfer::sampling::TopKTieBreak::None, stream);
+      SAMPLERD_CUDA_CHECK(reference);
+      SAMPLERD_CUDA_CHECK(cudaStreamSynchronize(stream));
+      SAMPLERD_CUDA_CHECK(cudaMemcpy(b.data(), indices, b.size() * 4, cudaMemcpyDeviceToHost));
+      size_t differ = 0;
+      for (uint32_t r = 0; r < rows; ++r) {
+        std::sort(a.begin() + r * kTopK, a.begin() + (r + 1) * kTopK);
+        std::sort(b.begin() + r * kTopK, b.begin() + (r + 1) * kTopK);
+        differ += !std::equal(a.begin() + r * kTopK, a.begin() + (r + 1) * kTopK,
+                              b.begin() + r * kTopK);
+      }
+      std::printf("clusters top-k, R = %u (%d clusters a row, %d cached): %zu rows differ from "
+                  "TopKDispatch's set\n", rows, clusters, num_cached, differ);
+      cudaFree(overflow);
+    }
     if constexpr (sizeof(T) == 4) {
       auto softmax_topp = [&](uint64_t offset) {
         cudaError_t e = flashinfer::sampling::OnlineSoftmax<float>(
