@@ -374,10 +374,10 @@ TEST(CudaBackend, DecodeAndDraftMatchCpu) {
   int rejections = 0;
   // Two shapes: V = 32,000 with top-k 40, and the production one (issue 27): V = 129,280, no
   // top-k, top_p = 1, where a rejected draft's residual is positive on tens of thousands of
-  // tokens (the CPU draws it by buckets past 4,096). Fails on the H200 as of issue 27: seed 0's
-  // DRAFT step draws one token of the second row (the pool's) whose u lies 5e-6 from the edge
-  // in the float64 reference, outside SPEC 8's 1e-6: the GPU's draw at this width is not
-  // exact to 1e-6 (issue 25 saw the same at 2e-6). Left failing for issue 34 (kernels).
+  // tokens (the CPU draws it by buckets past 4,096). Until issue 34 seed 0's DRAFT step drew
+  // one token 5e-6 from the edge in the float64 reference: the CPU's full-vocabulary draw
+  // ordered two tokens of equal float weight but different scores by id, not by score
+  // (row_processor_test's EqualWeightsOfDifferentScoresDrawInScoreOrder).
   for (int shape = 0; shape < 2; ++shape) {
   const int32_t vocab = shape == 0 ? 32000 : 129280;
   for (int form = 0; form < 3; ++form) {  // dense, top-N, pool
