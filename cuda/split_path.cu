@@ -452,7 +452,11 @@ __device__ __forceinline__ void LoadChunkValues(const StepParams& p, const RowJo
 // The job's token updates that fall in the chunk, on register-resident values: through the
 // chunk's shared memory (ApplyChunkUpdates), and back with the extremes taken again where an
 // update fell in the chunk. (Applying them in registers, each by the thread holding its token,
-// measured slower: +21% against +0% at R = 16 with gpu_bench's adjustments.)
+// measured slower: +21% against +0% at R = 16 with gpu_bench's adjustments. So did issue 34's
+// version in which the block first lists the chunk's updates in shared memory and each token's
+// thread then applies it in registers: +25.8% at R = 16 and +31.6% at R = 384 decode, against
+// -3.4% and +12.4% for this one in the same session; every thread walks the list, each entry a
+// dependent load.)
 template <int G>
 __device__ void UpdateChunkValues(const StepParams& p, const RowJob& job, int lo, int n, float* xs,
                                   float (&x)[kChunkValues], LoadStats* st) {
