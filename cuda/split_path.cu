@@ -455,8 +455,10 @@ __device__ __forceinline__ void LoadChunkValues(const StepParams& p, const RowJo
 // measured slower: +21% against +0% at R = 16 with gpu_bench's adjustments. So did issue 34's
 // version in which the block first lists the chunk's updates in shared memory and each token's
 // thread then applies it in registers: +25.8% at R = 16 and +31.6% at R = 384 decode, against
-// -3.4% and +12.4% for this one in the same session; every thread walks the list, each entry a
-// dependent load.)
+// -3.4% and +12.4% for this one in the same session; and a barrier-free one, each warp taking
+// the chunk's updates by a ballot over the row's: +12.0% and +30.4%. Applying an update to a
+// value chosen at run time among the 32 a thread holds makes ptxas spill under the 64-register
+// cap: 180 bytes of spill stores against 24 here (-Xptxas -v).)
 template <int G>
 __device__ void UpdateChunkValues(const StepParams& p, const RowJob& job, int lo, int n, float* xs,
                                   float (&x)[kChunkValues], LoadStats* st) {
