@@ -81,7 +81,8 @@ class RowProcessor {
   }
 
   // SPEC 5: the kept token whose cumulative probability (descending order, ties by lower id)
-  // first exceeds u; the last kept token if rounding leaves none. u in [0, 1).
+  // first exceeds u; the last kept token if rounding leaves none. u in [0, 1). The order is
+  // the scores' (the exact probabilities'), also where two scores share a float32 weight.
   int32_t Draw(double u) const;
 
   // SPEC 7: the n largest processed logprobs, descending, padded with (-1, -inf).
