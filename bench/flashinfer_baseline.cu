@@ -153,19 +153,23 @@ void RunDType(const char* dtype, const std::vector<float>& all, std::vector<Run>
     SAMPLERD_CUDA_CHECK(cudaMemcpy(logits, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
     cudaStream_t stream;
     SAMPLERD_CUDA_CHECK(cudaStreamCreate(&stream));
-    auto topk_first = [&](uint64_t offset) {
-      cudaError_t e = flashinfer::sampling::TopKDispatch<T, int32_t>(
-          logits, indices, values, rows, kTopK, kVocab,
-          static_cast<flashinfer::sampling::RadixRowState*>(row_states), /*sorted_output=*/true,
-          /*deterministic=*/true, flashinfer::sampling::TopKTieBreak::None, stream);
-      if (e != cudaSuccess) return e;
+    // After a top-k (values, indices): the softmax over the k values at the temperature,
+    // top-p sampling over those probabilities, and the token id (both top-k paths).
+    auto sample_top_k = [&](uint64_t offset) {
       SoftmaxOfTopK<T><<<rows, 32, 0, stream>>>(values, probs_k, kTopK, 1.0f / kTemperature);
-      e = flashinfer::sampling::TopPSamplingFromProb<float, int32_t>(
+      const cudaError_t e = flashinfer::sampling::TopPSamplingFromProb<float, int32_t>(
           probs_k, local, valid, nullptr, nullptr, rows, kTopP, kTopK, /*deterministic=*/true,
           nullptr, /*seed_val=*/1234, nullptr, offset, stream);
       if (e != cudaSuccess) return e;
       GatherToken<<<(rows + 255) / 256, 256, 0, stream>>>(indices, local, out, rows, kTopK);
       return cudaGetLastError();
+    };
+    auto topk_first = [&](uint64_t offset) {
+      const cudaError_t e = flashinfer::sampling::TopKDispatch<T, int32_t>(
+          logits, indices, values, rows, kTopK, kVocab,
+          static_cast<flashinfer::sampling::RadixRowState*>(row_states), /*sorted_output=*/true,
+          /*deterministic=*/true, flashinfer::sampling::TopKTieBreak::None, stream);
+      return e != cudaSuccess ? e : sample_top_k(offset);
     };
     {
       const auto [us, b2b] = TimeUs(topk_first, rows, stream);
@@ -182,15 +186,8 @@ void RunDType(const char* dtype, const std::vector<float>& all, std::vector<Run>
             logits, indices, values, static_cast<int>(kVocab), /*pre_hist=*/nullptr, overflow,
             overflow_per_cluster, static_cast<int>(rows), static_cast<int>(kVocab), kTopK,
             num_cached, clusters, /*pdl_enabled=*/true, kTopK, stream);
-        cudaError_t e = cudaGetLastError();
-        if (e != cudaSuccess) return e;
-        SoftmaxOfTopK<T><<<rows, 32, 0, stream>>>(values, probs_k, kTopK, 1.0f / kTemperature);
-        e = flashinfer::sampling::TopPSamplingFromProb<float, int32_t>(
-            probs_k, local, valid, nullptr, nullptr, rows, kTopP, kTopK, /*deterministic=*/true,
-            nullptr, /*seed_val=*/1234, nullptr, offset, stream);
-        if (e != cudaSuccess) return e;
-        GatherToken<<<(rows + 255) / 256, 256, 0, stream>>>(indices, local, out, rows, kTopK);
-        return cudaGetLastError();
+        const cudaError_t e = cudaGetLastError();
+        return e != cudaSuccess ? e : sample_top_k(offset);
       };
       {
         const auto [us, b2b] = TimeUs(cluster_topk, rows, stream);
