@@ -168,6 +168,57 @@ TEST(RowProcessor, EqualWeightsOfDifferentScoresDrawInScoreOrder) {
   EXPECT_EQ(proc.Draw((1.0 + 1.5 * weight) / (1.0 + 2.0 * weight)), 1);
 }
 
+// The production shape of issue 34's miss: V = 129,280, no top-p or top-k (the draw goes by
+// buckets over the whole vocabulary). Such a row holds dozens of neighbours in the exact order
+// whose float32 weights are equal; u at the middle of each one's exact interval (and of 300
+// others) must draw that token, as SPEC 5 and the float64 reference have it.
+TEST(RowProcessor, WideRowDrawsEveryIntervalsTokenInTheExactOrder) {
+  const int32_t vocab = 129280;
+  std::mt19937_64 rng(34);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> raw(vocab);
+  for (float& v : raw) v = normal(rng);
+  const NormalizedParams params = Params();
+  ReferenceOptions ref_options;
+  ref_options.vocab_size = vocab;
+  const ReferenceRow ref = ReferenceProcess(raw, params, ref_options);
+  ASSERT_TRUE(ref.ok);
+  HostLogits logits(1, vocab);
+  logits.values = raw;
+  RowOptions options;
+  options.params = &params;
+  options.vocab_size = vocab;
+  RowProcessor proc;
+  ASSERT_TRUE(proc.Process(logits.View(), 0, options).ok());
+  double sum = 0.0;
+  for (int32_t t : ref.order) sum += ref.probs[t];
+  std::vector<double> before(ref.order.size());  // exact mass before each position
+  double cumulative = 0.0;
+  for (size_t r = 0; r < ref.order.size(); ++r) {
+    before[r] = cumulative;
+    cumulative += ref.probs[ref.order[r]];
+  }
+  std::vector<size_t> positions;
+  int tied_pairs = 0;
+  for (size_t r = 0; r + 1 < ref.order.size(); ++r) {
+    if (proc.Probability(ref.order[r]) == proc.Probability(ref.order[r + 1]) &&
+        raw[ref.order[r]] != raw[ref.order[r + 1]]) {
+      positions.push_back(r);
+      positions.push_back(r + 1);
+      ++tied_pairs;
+    }
+  }
+  ASSERT_GE(tied_pairs, 5) << "the row holds too few equal weights to test their order";
+  for (int k = 0; k < 300; ++k) positions.push_back(rng() % ref.order.size());
+  for (size_t r : positions) {
+    const int32_t token = ref.order[r];
+    const double u = (before[r] + 0.5 * ref.probs[token]) / sum;
+    ASSERT_EQ(proc.Draw(u), token) << "position " << r << " of " << ref.order.size();
+  }
+  std::printf("%d neighbours with equal float32 weights, %zu intervals drawn\n", tied_pairs,
+              positions.size());
+}
+
 TEST(RowProcessor, SignedZerosTieAndRankByLowerId) {
   struct Case {
     const char* what;
