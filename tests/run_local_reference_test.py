@@ -3,7 +3,8 @@
 
 Random PREFILL and DECODE steps (vocabularies of 5 to 3000 tokens, every parameter, grammar
 masks, token adjustments (allowed ids, bad words, min_tokens with stop ids, logit bias; a DECODE
-row's history includes the earlier rows' drafts), penalties, force top-N, padding, golden
+row's history includes the earlier rows' drafts), penalties, DRY (over contexts that repeat a
+short pattern, with breakers and ranges), force top-N, padding, golden
 tokens, prompt logprobs, dense drafts) go to the
 real samplerctl binary as protobuf JSON; its JSON answers are compared with this file's own
 float64 computation: tokens equal (except where u lies within 1e-6 of an interval edge, or a
@@ -53,6 +54,34 @@ def adjust(x, params, history):
             x[int(t)] = x[int(t)] + np.float32(bias)
 
 
+def dry(x, params, context):
+    """SPEC 3 step 3's DRY on float32 x, read literally: the context is the prompt then the
+    row's output history, cut to its last dryRange tokens."""
+    multiplier = float(np.float32(params.get("dryMultiplier", 0.0)))
+    if not multiplier > 0:
+        return
+    base = float(np.float32(params.get("dryBase", 1.75)))
+    allowed = params.get("dryAllowedLength", 2)
+    breakers = set(params.get("drySequenceBreakers", []))
+    c = list(context)
+    if params.get("dryRange", 0) > 0:
+        c = c[-params["dryRange"]:]
+    n = len(c)
+    if n < 2 or c[n - 1] in breakers:
+        return
+    longest = {}
+    for i in range(n - 1):
+        if c[i] != c[n - 1] or c[i + 1] in breakers:
+            continue
+        m = 1
+        while m < 50 and i - m >= 0 and c[i - m] == c[n - 1 - m] and c[n - 1 - m] not in breakers:
+            m += 1
+        longest[c[i + 1]] = max(longest.get(c[i + 1], 0), m)
+    for t, m in longest.items():
+        if m >= allowed:
+            x[t] = x[t] - np.float32(multiplier * base ** (m - allowed))  # -inf stays -inf
+
+
 def process(raw, vocab, params, force_top_n=0, mask=None, prompt=(), output=(), prompt_mode=False,
             adjustments=None, history=()):
     """SPEC 3 on one row. Returns (logprobs[V] float64 with -inf, kept order, top_p margin);
@@ -74,6 +103,8 @@ def process(raw, vocab, params, force_top_n=0, mask=None, prompt=(), output=(), 
         for t, c in counts.items():
             x[t] = x[t] - (np.float32(params["presence_penalty"]) +
                            np.float32(params["frequency_penalty"]) * np.float32(c))
+        if adjustments is not None:
+            dry(x, adjustments, list(prompt) + list(history))
         if 0 < force_top_n < vocab:
             order = sorted(range(vocab), key=lambda t: (-float(x[t]), t))
             for t in order[force_top_n:]:
@@ -175,6 +206,7 @@ class Checker:
         self.compared = 0
         self.skipped = 0
         self.no_token = 0  # requests whose adjustments left no token (their error checked)
+        self.dry = 0  # requests with DRY on, over a repeating context
 
     def close(self, got, want, what):
         if want == NEG_INF:
@@ -237,6 +269,28 @@ def random_adjustments(rng, vocab, params, history):
                                for t in rng.integers(0, vocab, size=n)}
 
 
+def random_dry(rng, vocab, params):
+    """With probability 0.4, DRY settings in `params` and a (prompt, output) whose context
+    repeats a short pattern and ends inside it, so that matches are many and some long; else
+    None."""
+    if rng.random() >= 0.4:
+        return None
+    pattern = [int(t) for t in rng.integers(0, vocab, size=int(rng.integers(2, 6)))]
+    # Up to 70 repeated tokens before the output continues them: matches past SPEC's 50 cap.
+    prompt = [int(t) for t in rng.integers(0, vocab, size=2)] + pattern * int(rng.integers(2, 15))
+    output = pattern * int(rng.integers(0, 3)) + pattern[:int(rng.integers(1, len(pattern) + 1))]
+    params["dryMultiplier"] = float(np.float32(rng.choice([0.5, 0.8, 3.0])))
+    if rng.random() < 0.5:
+        params["dryBase"] = float(np.float32(rng.choice([1.0, 1.02, 1.75, 2.5])))
+    if rng.random() < 0.5:
+        params["dryAllowedLength"] = int(rng.integers(1, 4))
+    if rng.random() < 0.4:
+        params["drySequenceBreakers"] = sorted({int(rng.choice(pattern)), int(rng.integers(0, vocab))})
+    if rng.random() < 0.4:
+        params["dryRange"] = int(rng.integers(1, 40))
+    return prompt, output
+
+
 def check_prefill(binary, rng, checker):
     vocab = int(rng.choice([5, 37, 300, 3000]))
     cols = vocab + int(rng.integers(0, 3))
@@ -257,6 +311,10 @@ def check_prefill(binary, rng, checker):
                "params": random_params(rng, vocab)}
         prompt = [int(t) for t in rng.integers(0, vocab, size=3)]
         output = [int(t) for t in rng.integers(0, vocab, size=int(rng.integers(0, 6)))]
+        repeats = random_dry(rng, vocab, req["params"])
+        if repeats is not None:
+            prompt, output = repeats
+            checker.dry += 1
         req["promptTokenIds"], req["outputTokenIds"] = prompt, output
         random_adjustments(rng, vocab, req["params"], output)
         mask = None
@@ -330,10 +388,15 @@ def check_decode(binary, rng, checker):
         drafts = drafts - np.log(np.exp(drafts).sum(axis=1, keepdims=True))
         draft_ids = [int(rng.choice(vocab, p=np.exp(drafts[j]))) for j in range(q - 1)]
         output = [int(t) for t in rng.integers(0, vocab, size=int(rng.integers(0, 5)))]
+        prompt = []
+        repeats = random_dry(rng, vocab, params)
+        if repeats is not None:
+            prompt, output = repeats
+            checker.dry += 1
         random_adjustments(rng, vocab, params, output + draft_ids)
         req = {"requestId": f"d{i}", "firstRow": first, "numRows": q,
                "samplePosition": str(int(rng.integers(1, 10**6))), "params": params,
-               "draftTokenIds": draft_ids, "outputTokenIds": output}
+               "draftTokenIds": draft_ids, "outputTokenIds": output, "promptTokenIds": prompt}
         if q > 1:
             req["draftLogprobs"] = {"rows": q - 1, "cols": vocab,
                                     "values": {"values": drafts[:q - 1].astype(np.float32).ravel().tolist()}}
@@ -352,8 +415,10 @@ def check_decode(binary, rng, checker):
         seed = int(req["params"]["seqSeed"])
         q = req["numRows"]
         # Row j's history: the output, then the drafts of rows 0..j-1.
-        rows = [process(logits[req["firstRow"] + j], vocab, params, adjustments=req["params"],
-                        history=req["outputTokenIds"] + req["draftTokenIds"][:j])
+        # (No repetition penalty here: the prompt counts for DRY only.)
+        rows = [process(logits[req["firstRow"] + j], vocab, params, prompt=req["promptTokenIds"],
+                        adjustments=req["params"],
+                        history=req["outputTokenIds"] + [d for d in req["draftTokenIds"][:j] if d >= 0])
                 for j in range(q)]
         if any(not order for _, order, _ in rows):  # any row the request reads: its error
             assert res["status"]["code"] == 3 and "no token left" in res["status"]["message"], \
@@ -438,8 +503,9 @@ def main():
     check_errors(binary)
     print(f"compared {checker.compared} requests against the NumPy reference, "
           f"skipped {checker.skipped} within 1e-6 of an edge, {checker.no_token} with no token "
-          f"left (their error checked)")
+          f"left (their error checked); {checker.dry} of them with DRY")
     assert checker.compared >= 0.8 * (checker.compared + checker.skipped)
+    assert checker.dry >= 20, "too few DRY requests to tell"
 
 
 if __name__ == "__main__":
