@@ -104,13 +104,6 @@ double ExpShiftAndSum(const float* values, int32_t n, float shift, float* weight
 
 namespace {
 
-struct ScoreOrder {
-  const float* scores;
-  bool operator()(int32_t a, int32_t b) const {
-    return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
-  }
-};
-
 // Any value of the chunk above `threshold`? (An OR of comparisons vectorises; a max does not
 // without fast-math.)
 SAMPLERD_VECTOR_CLONES

@@ -32,7 +32,16 @@ double ExpShiftAndSum(const float* values, int32_t n, float shift, float* weight
 // sorted best first, into `out` (fewer than k if fewer are finite). `scratch` is reused.
 void SelectTopK(const float* scores, int32_t n, int32_t k, std::vector<int32_t>* out);
 
-// Sorts ids by descending score, ties by lower id (the order of SPEC sections 3 and 5).
+// Token a before token b in the order of SPEC sections 3 and 5: descending score, ties by
+// lower id.
+struct ScoreOrder {
+  const float* scores;
+  bool operator()(int32_t a, int32_t b) const {
+    return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+  }
+};
+
+// Sorts ids by ScoreOrder.
 void SortByScore(const float* scores, std::vector<int32_t>* ids);
 
 // Scalar float exp used by the vector loops (exposed for tests).

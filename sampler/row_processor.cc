@@ -281,9 +281,7 @@ int32_t RowProcessor::Draw(double u) const {
   return DrawByWeight(
       vocab_size_,
       [this](int32_t t) -> double { return Kept(t) ? static_cast<double>(weights_[t]) : 0.0; }, u,
-      [this](int32_t a, int32_t b) {
-        return scores_[a] > scores_[b] || (scores_[a] == scores_[b] && a < b);
-      });
+      ScoreOrder{scores_.data()});
 }
 
 int32_t RowProcessor::DrawFromKeptWeights(const std::function<double(int32_t, double)>& weight,

@@ -32,7 +32,7 @@ MUTANTS = [
      "if (false) ApplyMinP(params.min_p);", SAMPLER, 0),
     ("top-p-gt-to-ge", "sampler/row_processor.cc",
      "if (before / total_sum_ > limit) {", "if (before / total_sum_ >= limit) {", SAMPLER, 0),
-    ("ties-by-higher-id", "sampler/row_kernels.cc",
+    ("ties-by-higher-id", "sampler/row_kernels.h",
      "(scores[a] == scores[b] && a < b)", "(scores[a] == scores[b] && a > b)", SAMPLER, 0),
     # The per-token seam (issue 28): the merge's composition, and a bias that leaves float32.
     ("merge-bias-last-wins", "sampler/token_updates.cc",
@@ -100,8 +100,9 @@ MUTANTS = [
     # SPEC 5's order for the full-vocabulary draw (issue 34): equal float weights of different
     # scores go by score, not by id.
     ("draw-equal-weights-by-id", "sampler/row_processor.cc",
-     "return scores_[a] > scores_[b] || (scores_[a] == scores_[b] && a < b);",
-     "return weights_[a] > weights_[b] || (weights_[a] == weights_[b] && a < b);", SAMPLER, 0),
+     "ScoreOrder{scores_.data()});",
+     "[this](int32_t a, int32_t b) {\n        return weights_[a] > weights_[b] || "
+     "(weights_[a] == weights_[b] && a < b);\n      });", SAMPLER, 0),
     ("accept-zero-q", "sampler/spec_rules.h",
      "return draft >= 0 && q > 0.0 && u < p / q;", "return draft >= 0 && u < p / q;", SAMPLER, 0),
     ("sum-smaller-excludes-self", "sampler/row_processor.cc",
