@@ -164,11 +164,15 @@ void RunDType(const char* dtype, const std::vector<float>& all, std::vector<Run>
       GatherToken<<<(rows + 255) / 256, 256, 0, stream>>>(indices, local, out, rows, kTopK);
       return cudaGetLastError();
     };
-    auto topk_first = [&](uint64_t offset) {
-      const cudaError_t e = flashinfer::sampling::TopKDispatch<T, int32_t>(
+    // FlashInfer's radix top-k (sorted, deterministic) into values and indices.
+    auto radix_top_k = [&] {
+      return flashinfer::sampling::TopKDispatch<T, int32_t>(
           logits, indices, values, rows, kTopK, kVocab,
           static_cast<flashinfer::sampling::RadixRowState*>(row_states), /*sorted_output=*/true,
           /*deterministic=*/true, flashinfer::sampling::TopKTieBreak::None, stream);
+    };
+    auto topk_first = [&](uint64_t offset) {
+      const cudaError_t e = radix_top_k();
       return e != cudaSuccess ? e : sample_top_k(offset);
     };
     {
@@ -198,11 +202,7 @@ void RunDType(const char* dtype, const std::vector<float>& all, std::vector<Run>
       std::vector<int32_t> a(size_t{rows} * kTopK), b(a.size());
       SAMPLERD_CUDA_CHECK(cudaStreamSynchronize(stream));
       SAMPLERD_CUDA_CHECK(cudaMemcpy(a.data(), indices, a.size() * 4, cudaMemcpyDeviceToHost));
-      const cudaError_t reference = flashinfer::sampling::TopKDispatch<T, int32_t>(
-          logits, indices, values, rows, kTopK, kVocab,
-          static_cast<flashinfer::sampling::RadixRowState*>(row_states), true, true,
-          flashinfer::sampling::TopKTieBreak::None, stream);
-      SAMPLERD_CUDA_CHECK(reference);
+      SAMPLERD_CUDA_CHECK(radix_top_k());
       SAMPLERD_CUDA_CHECK(cudaStreamSynchronize(stream));
       SAMPLERD_CUDA_CHECK(cudaMemcpy(b.data(), indices, b.size() * 4, cudaMemcpyDeviceToHost));
       size_t differ = 0;
