@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -252,11 +253,19 @@ int Main(int argc, char** argv) {
     }
     Step dry = plain;
     for (RequestInputs& r : dry.requests) AddBenchDry(r.params);
-    auto median_of = [&](const Step& step, double* wall_us) {
+    auto med = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    // Sample() `steps` times after 5 unmeasured: the median kernel time, and the median wall
+    // time in *wall_us. `before(i)`, when given, runs first in step i's wall time.
+    auto median_of = [&](const Step& step, int steps, const std::function<void(int)>& before,
+                         double* wall_us) {
       auto plan = PlanStep(step, Limits{}, [] { return uint64_t{1}; });
       std::vector<double> kernel, wall;
-      for (int i = 0; i < 105; ++i) {
+      for (int i = 0; i < steps + 5; ++i) {
         const auto start = std::chrono::steady_clock::now();
+        if (before) before(i);
         auto result = (*gpu)->Sample(*plan);
         const double us = std::chrono::duration<double, std::micro>(
                               std::chrono::steady_clock::now() - start).count();
@@ -266,10 +275,8 @@ int Main(int argc, char** argv) {
           wall.push_back(us);
         }
       }
-      std::sort(kernel.begin(), kernel.end());
-      std::sort(wall.begin(), wall.end());
-      *wall_us = wall[wall.size() / 2];
-      return kernel[kernel.size() / 2];
+      *wall_us = med(wall);
+      return med(kernel);
     };
     // As a GPU worker sends a step (examples/hf_generate.py): right after queueing its forward
     // pass, with a ready event that samplerd's stream waits on; the host work of Sample()
@@ -285,35 +292,23 @@ int Main(int argc, char** argv) {
     SAMPLERD_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
     auto forward_then_step = [&](Step step) {
       step.logits.ready_event = ready;
-      auto plan = PlanStep(step, Limits{}, [] { return uint64_t{1}; });
-      std::vector<double> wall;
-      for (int i = 0; i < 55; ++i) {
-        const auto start = std::chrono::steady_clock::now();
+      double wall_us;
+      median_of(step, 50, [&](int i) {
         SAMPLERD_CUDA_CHECK(cudaMemsetAsync(forward_buffer, i, forward_bytes, producer));
         SAMPLERD_CUDA_CHECK(cudaEventRecord(ready, producer));
-        auto result = (*gpu)->Sample(*plan);
-        const double us = std::chrono::duration<double, std::micro>(
-                              std::chrono::steady_clock::now() - start).count();
-        if (!result.ok() || !result->results[0].status.ok()) std::exit(1);
-        if (i >= 5) wall.push_back(us);
-      }
-      std::sort(wall.begin(), wall.end());
-      return wall[wall.size() / 2];
+      }, &wall_us);
+      return wall_us;
     };
     std::vector<double> pk, dk, pw, dw, pf, df;
     for (int round = 0; round < 5; ++round) {
       double w;
-      pk.push_back(median_of(plain, &w));
+      pk.push_back(median_of(plain, 100, nullptr, &w));
       pw.push_back(w);
-      dk.push_back(median_of(dry, &w));
+      dk.push_back(median_of(dry, 100, nullptr, &w));
       dw.push_back(w);
       pf.push_back(forward_then_step(plain));
       df.push_back(forward_then_step(dry));
     }
-    auto med = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
-    };
     std::printf("DRY, prefill R=16, %d-token contexts (with vs without; medians of 5 rounds):\n"
                 "  kernels %.1f vs %.1f us (%+.1f%%)\n"
                 "  Sample() wall, logits ready: %.1f vs %.1f us (%+.1f%%)\n"
