@@ -20,6 +20,15 @@
 //                and overflow buffer by its rules); then the same softmax over the k values,
 //                TopPSamplingFromProb and gather. (FlashInfer's Python dispatch uses it on
 //                compute capability 10 only; it runs on 9.0, and Hopper is what we have.)
+//   cake         FlashInfer's cluster sampler (csrc/cake_sampling: per-row thread-block
+//                clusters, radix select through distributed shared memory, the top-p and the
+//                draw fused into the same launch for k <= 64) as
+//                flashinfer.cake_sampling.top_k_top_p_sampling_from_probs runs it, after the
+//                softmax it needs in front (OnlineSoftmax with the temperature, fp32
+//                probabilities: it serves float32 rows only). Its launch plan per batch size is
+//                the one FlashInfer's own Python dispatcher picks for an H200
+//                (bench/flashinfer_cake.py, built into cake_plans.h); its kernels and binding
+//                are compiled from the wheel into a separate object (scripts/flashinfer_baseline.sh).
 // Logits: gpu_bench's generator (sampler/test_util.h HostLogits: mt19937_64 seed 11, normal
 // with scale 2.0), V = 129,280; bf16 rounded to nearest even as gpu_bench does.
 //
@@ -36,10 +45,31 @@
 #include "flashinfer/fast_topk_clusters_exact.cuh"
 #include "flashinfer/sampling.cuh"
 #include "flashinfer/topk.cuh"
+#include "tvm/ffi/container/tensor.h"
+#include "tvm/ffi/error.h"
 
 #include "cuda/cuda_check.h"
 
+// FlashInfer's cake_sampling binding (compiled from the wheel into its own object: the kernels'
+// translation unit is 53 MB). RadixTopK is what top_k_top_p_sampling_from_probs calls when its
+// plan is one launch, as every plan here is (checked below).
+namespace flashinfer::cake_sampling {
+using tvm::ffi::TensorView;
+void RadixTopK(TensorView probs, TensorView topk_arr, int64_t topk_scalar, int64_t topk_kind,
+               TensorView out_vals, TensorView out_idx, TensorView out_count, int64_t cluster,
+               int64_t ept, int64_t stream_variant, TensorView topp_arr, double topp_scalar,
+               int64_t topp_kind, TensorView out_samples, TensorView out_renorm, int64_t seed,
+               int64_t offset, int64_t emit_renorm, int64_t launch_flags, int64_t cuda_stream);
+}  // namespace flashinfer::cake_sampling
+
 namespace {
+
+// One row of FlashInfer's launch plan (flashinfer/cake_sampling.py's _LaunchPlan) for a batch.
+struct CakePlan {
+  uint32_t rows;
+  int cluster, ept, stream, threads, items, launch_flags, one_launch, stage23_flags;
+};
+#include "cake_plans.h"
 
 constexpr uint32_t kVocab = 129280;
 constexpr int kTopK = 50;
@@ -125,6 +155,92 @@ std::pair<double, double> TimeUs(Step step, uint32_t rows, cudaStream_t stream) 
   cudaEvent_t events[2] = {start, stop};
   for (cudaEvent_t e : events) cudaEventDestroy(e);
   return {each[iters / 2] * 1000.0, ms * 1000.0 / iters};
+}
+
+// The plans came from FlashInfer's dispatcher answered as an H200 (bench/flashinfer_cake.py).
+bool CakePlansFitThisDevice() {
+  cudaDeviceProp prop;
+  SAMPLERD_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  return kCakeVocab == static_cast<int>(kVocab) && kCakeTopK == kTopK && prop.major == 9 &&
+         prop.minor == 0 && prop.multiProcessorCount == 132 &&
+         prop.sharedMemPerBlockOptin == 232448;
+}
+
+DLTensor CudaTensor(void* data, DLDataType type, int ndim, int64_t* shape, int64_t* strides) {
+  DLTensor t{};
+  t.data = data;
+  t.device = DLDevice{kDLCUDA, 0};
+  t.ndim = ndim;
+  t.dtype = type;
+  t.shape = shape;
+  t.strides = strides;
+  return t;
+}
+
+// The cake path: OnlineSoftmax with the temperature into fp32 probabilities, then one
+// RadixTopK launch with the plan's variant and flags, top_k and top_p scalars, no renormalized
+// output (the arguments top_k_top_p_sampling_from_probs passes: the count buffer stands in for
+// a scalar top_k's array, probs for a scalar top_p's, the slab values for renorm_out). Each
+// sampled token is checked against the row's top-k set from TopKDispatch.
+template <typename RadixTopK>
+void RunCake(const CakePlan& plan, float* logits, float* probs, void* workspace,
+             size_t workspace_bytes, int32_t* out, cudaStream_t stream, RadixTopK radix_top_k,
+             const int32_t* topk_indices, std::vector<Run>* runs) {
+  constexpr int64_t kSlab = 1024, kScalar = 1;  // manifest slab_entries; _TOPK/_TOPP_SCALAR
+  const uint32_t rows = plan.rows;
+  float* slab_vals;
+  int32_t *slab_idx, *count;
+  SAMPLERD_CUDA_CHECK(cudaMalloc(&slab_vals, size_t{rows} * kSlab * 4));
+  SAMPLERD_CUDA_CHECK(cudaMalloc(&slab_idx, size_t{rows} * kSlab * 4));
+  SAMPLERD_CUDA_CHECK(cudaMalloc(&count, size_t{rows} * 4));
+  int64_t probs_shape[2] = {rows, kVocab}, probs_strides[2] = {kVocab, 1};
+  int64_t slab_shape[2] = {rows, kSlab}, slab_strides[2] = {kSlab, 1};
+  int64_t row_shape[1] = {rows}, row_strides[1] = {1};
+  const DLDataType f32{kDLFloat, 32, 1}, i32{kDLInt, 32, 1};
+  DLTensor probs_t = CudaTensor(probs, f32, 2, probs_shape, probs_strides);
+  DLTensor vals_t = CudaTensor(slab_vals, f32, 2, slab_shape, slab_strides);
+  DLTensor idx_t = CudaTensor(slab_idx, i32, 2, slab_shape, slab_strides);
+  DLTensor count_t = CudaTensor(count, i32, 1, row_shape, row_strides);
+  DLTensor out_t = CudaTensor(out, i32, 1, row_shape, row_strides);
+  auto cake = [&](uint64_t offset) {
+    const cudaError_t e = flashinfer::sampling::OnlineSoftmax<float>(
+        logits, probs, rows, kVocab, nullptr, kTemperature, workspace, workspace_bytes,
+        /*enable_pdl=*/false, stream);
+    if (e != cudaSuccess) return e;
+    try {
+      flashinfer::cake_sampling::RadixTopK(
+          &probs_t, &count_t, kTopK, kScalar, &vals_t, &idx_t, &count_t, plan.cluster, plan.ept,
+          plan.stream, &probs_t, kTopP, kScalar, &out_t, &vals_t, /*seed=*/1234,
+          static_cast<int64_t>(offset) * rows * 32, /*emit_renorm=*/0, plan.launch_flags,
+          reinterpret_cast<int64_t>(stream));
+    } catch (const tvm::ffi::Error& error) {
+      std::fprintf(stderr, "cake: %s\n", error.what());
+      return cudaErrorLaunchFailure;
+    }
+    return cudaGetLastError();
+  };
+  const auto [us, b2b] = TimeUs(cake, rows, stream);
+  runs->push_back({"cake", "fp32", rows, us, b2b});
+  std::vector<int32_t> sampled(rows), topk(size_t{rows} * kTopK);
+  SAMPLERD_CUDA_CHECK(cake(7));
+  SAMPLERD_CUDA_CHECK(cudaStreamSynchronize(stream));
+  SAMPLERD_CUDA_CHECK(cudaMemcpy(sampled.data(), out, rows * 4, cudaMemcpyDeviceToHost));
+  SAMPLERD_CUDA_CHECK(radix_top_k());
+  SAMPLERD_CUDA_CHECK(cudaStreamSynchronize(stream));
+  SAMPLERD_CUDA_CHECK(cudaMemcpy(topk.data(), topk_indices, topk.size() * 4,
+                                 cudaMemcpyDeviceToHost));
+  size_t outside = 0;
+  for (uint32_t r = 0; r < rows; ++r) {
+    outside += std::find(topk.begin() + r * kTopK, topk.begin() + (r + 1) * kTopK,
+                         sampled[r]) == topk.begin() + (r + 1) * kTopK;
+  }
+  std::printf("cake, R = %u (cluster %d, %d a thread, %s, flags %d): %zu sampled tokens outside "
+              "TopKDispatch's top-k set\n", rows, plan.cluster, plan.ept,
+              plan.stream ? "streaming" : "resident", plan.launch_flags, outside);
+  for (void* ptr : {static_cast<void*>(slab_vals), static_cast<void*>(slab_idx),
+                    static_cast<void*>(count)}) {
+    cudaFree(ptr);
+  }
 }
 
 template <typename T>
@@ -228,6 +344,17 @@ void RunDType(const char* dtype, const std::vector<float>& all, std::vector<Run>
       };
       const auto [us, b2b] = TimeUs(softmax_topp, rows, stream);
       runs->push_back({"softmax_topp", dtype, rows, us, b2b});
+    }
+    if constexpr (sizeof(T) == 4) {
+      const CakePlan* plan = nullptr;
+      for (const CakePlan& p : kCakePlans) plan = p.rows == rows ? &p : plan;
+      if (plan == nullptr || plan->one_launch != 1 || !CakePlansFitThisDevice()) {
+        std::printf("cake, R = %u: skipped (no one-launch H200 plan for this batch and device)\n",
+                    rows);
+      } else {
+        RunCake(*plan, logits, probs, workspace, workspace_bytes, out, stream, radix_top_k,
+                indices, runs);
+      }
     }
     for (void* ptr : {static_cast<void*>(logits), static_cast<void*>(probs),
                       static_cast<void*>(values), static_cast<void*>(probs_k),
