@@ -45,6 +45,7 @@ struct SplitLayout {
   SplitPartial* partials;  // [num_split][chunks]
   float* cand_x;           // [num_split][chunks][kSplitMaxK], x (the finisher takes s = x / T), any order
   int32_t* cand_id;        // the same, token ids
+  float* maxima;           // [num_split][chunks][64]: the chunk's 64 largest thread maxima, descending
   int chunks;
   __device__ explicit SplitLayout(const StepParams& p) {
     chunks = (p.vocab_size + kSplitChunk - 1) / kSplitChunk;
@@ -52,6 +53,7 @@ struct SplitLayout {
     partials = static_cast<SplitPartial*>(p.split_scratch);
     cand_x = reinterpret_cast<float*>(partials + slots);
     cand_id = reinterpret_cast<int32_t*>(cand_x + slots * kSplitMaxK);
+    maxima = reinterpret_cast<float*>(cand_id + slots * kSplitMaxK);
   }
 };
 
@@ -110,11 +112,62 @@ struct SplitFinishSmem {
   int list_count[kSplitMaxChunks];
   uint32_t cut_prefix, cut_mask;    // the radix narrowing's state
   int cut_digit, cut_done;
+  float s_min;                      // the bound's score (SplitFinishRow)
+  int survived;
 };
 union SplitSmem {
   SplitChunkSmem chunk;
   SplitFinishSmem finish;
 };
+
+// Bitonic merges in one warp's registers, for the chunk's threshold: the largest 64 of the
+// block's thread maxima, from each warp's 32 sorted descending. A sequence of 64 is held as
+// `hi` (elements 0-31, one a lane) and `lo` (32-63).
+struct Top64 {
+  float hi, lo;
+};
+
+// A bitonic sequence of 32 (one a lane), sorted descending: half-cleaners of stride 16 .. 1.
+__device__ __forceinline__ float BitonicMergeDesc32(float v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int h = 16; h > 0; h >>= 1) {
+    const float other = __shfl_xor_sync(0xFFFFFFFFu, v, h);
+    v = (lane & h) != 0 ? fminf(v, other) : fmaxf(v, other);
+  }
+  return v;
+}
+
+// Any 32 values (one a lane) sorted descending: bitonic runs of 2, 4, .. 16 alternating in
+// direction (by bit k of the lane), then the merge of the bitonic 32 they form.
+__device__ __forceinline__ float BitonicSortDesc32(float v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int k = 2; k <= 16; k <<= 1) {
+#pragma unroll
+    for (int h = k >> 1; h > 0; h >>= 1) {
+      const float other = __shfl_xor_sync(0xFFFFFFFFu, v, h);
+      v = ((lane & k) == 0) == ((lane & h) == 0) ? fmaxf(v, other) : fminf(v, other);
+    }
+  }
+  return BitonicMergeDesc32(v);
+}
+
+// Two descending 32-sequences a and b, merged descending: a followed by b reversed is bitonic;
+// its stride-32 half-cleaner puts the larger 32 in hi and the rest in lo, each bitonic.
+__device__ __forceinline__ Top64 Merge32(float a, float b) {
+  const float b_rev = __shfl_sync(0xFFFFFFFFu, b, 31 - (threadIdx.x & 31));
+  return Top64{BitonicMergeDesc32(fmaxf(a, b_rev)), BitonicMergeDesc32(fminf(a, b_rev))};
+}
+
+// The largest 64 of two descending 64-sequences, descending: element i is max(p[i], q[63 - i])
+// (a bitonic sequence holding the largest 64), then a bitonic merge of 64.
+__device__ __forceinline__ Top64 MergeTop64(Top64 p, Top64 q) {
+  const int mirror = 31 - (threadIdx.x & 31);
+  const float hi = fmaxf(p.hi, __shfl_sync(0xFFFFFFFFu, q.lo, mirror));
+  const float lo = fmaxf(p.lo, __shfl_sync(0xFFFFFFFFu, q.hi, mirror));
+  return Top64{BitonicMergeDesc32(fmaxf(hi, lo)), BitonicMergeDesc32(fminf(hi, lo))};
+}
 
 // The finishing phase of split job `split_index`, run by the row's last chunk block: combines
 // the chunks' partials, takes the row's top_k from the union of their lists, and finishes the
@@ -210,91 +263,160 @@ static __device__ __noinline__ void SplitFinishRow(const StepParams& p, int spli
     SampleRowGeneral(p, j, sh);
     return;
   }
+  // A bound on the row's K-th largest x: the K-th largest of the chunks' thread maxima, from
+  // each chunk's 64 largest (K <= 64; they are x of distinct tokens, so at least K tokens have
+  // x >= it, and the row's K-th largest s is >= its score s_min: rounding x / T is monotone).
+  // Every warp merges the lists of chunks warp, warp + 8, ..; warp 0 merges the eight below.
+  static_assert(kSplitWarps * 64 * sizeof(float) <= sizeof(sh.hist_mass), "merge space");
+  float(*merged)[64] = reinterpret_cast<float(*)[64]>(sh.hist_mass);  // free until the finish
+  {
+    const int warp = threadIdx.x >> 5;
+    const float* maxima = layout.maxima + static_cast<int64_t>(split_index) * C * 64;
+    auto list = [&](int c) {
+      return c < C ? Top64{__ldcg(maxima + c * 64 + lane), __ldcg(maxima + c * 64 + 32 + lane)}
+                   : Top64{kNegInf, kNegInf};
+    };
+    Top64 acc = list(warp), next = list(warp + kSplitWarps);  // both loads in flight at once
+    for (int c = warp + kSplitWarps; c < C; c += kSplitWarps) {
+      const Top64 now = next;
+      next = list(c + kSplitWarps);
+      acc = MergeTop64(acc, now);
+    }
+    merged[warp][lane] = acc.hi;
+    merged[warp][32 + lane] = acc.lo;
+  }
   // The union of the chunks' lists (at most C * SplitListCapacity(C) <= 2048), keys in
   // sh.cand_key and ids in sh.cum's storage (free until FinishCandidates).
   const int listed = row_listed;
   float* u_s = sh.cand_key;
   int* u_id = reinterpret_cast<int*>(sh.cum);
   int* survivors = u_id + kCandidateCapacity;
-  for (int e = threadIdx.x; e < C * kSplitMaxK; e += blockDim.x) {
-    const int c = e / kSplitMaxK, i = e % kSplitMaxK;
-    if (i < fs.list_count[c]) {
-      const int64_t from = (static_cast<int64_t>(split_index) * C + c) * kSplitMaxK + i;
-      u_s[fs.list_base[c] + i] = __ldcg(layout.cand_x + from) / T;  // s, as the CPU takes it
-      u_id[fs.list_base[c] + i] = __ldcg(layout.cand_id + from);
+  // Four slots a thread per round, their loads issued before any is used (one L2 latency a
+  // round instead of four; C <= 16 chunks is one round).
+  constexpr int kLoadBatch = 4;
+  const int64_t row_slots = static_cast<int64_t>(split_index) * C * kSplitMaxK;
+  for (int base = 0; base < C * kSplitMaxK; base += kLoadBatch * kSplitThreads) {
+    float xv[kLoadBatch];
+    int idv[kLoadBatch], at[kLoadBatch];
+#pragma unroll
+    for (int b = 0; b < kLoadBatch; ++b) {
+      const int e = base + b * kSplitThreads + threadIdx.x;
+      const int c = e / kSplitMaxK, i = e % kSplitMaxK;
+      at[b] = -1;
+      if (e < C * kSplitMaxK && i < fs.list_count[c]) {
+        at[b] = fs.list_base[c] + i;
+        xv[b] = __ldcg(layout.cand_x + row_slots + e);
+        idv[b] = __ldcg(layout.cand_id + row_slots + e);
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kLoadBatch; ++b) {
+      if (at[b] >= 0) {
+        u_s[at[b]] = xv[b] / T;  // s, as the CPU takes it
+        u_id[at[b]] = idv[b];
+      }
     }
   }
   if (threadIdx.x == 0) {
     fs.cut_prefix = 0;
     fs.cut_mask = 0;
     fs.cut_done = 0;
+    fs.survived = 0;
   }
   __syncthreads();
-  // Narrow the union to a prefix of its order that holds its top K: 8-bit radix rounds over
-  // the order key of s, each keeping the digits at or above the one holding the K-th element,
-  // until at most kSplitSurvivors remain (or the key is exhausted: only exact ties are left).
-  // (Measured against a tree of pairwise merges by binary search, and against
-  // warp-aggregated histogram counts: both slower on the H200.)
-  int need = min(listed, K);
-  for (int shift = 24; shift >= 0 && !fs.cut_done; shift -= 8) {
-    const uint32_t prefix = fs.cut_prefix, mask = fs.cut_mask;
-    for (int b = threadIdx.x; b < kDistanceBins; b += blockDim.x) sh.hist_count[b] = 0;
-    __syncthreads();
-    for (int e = threadIdx.x; e < listed; e += blockDim.x) {
-      const uint32_t k = OrderKey(u_s[e]);
-      if ((k & mask) == prefix) atomicAdd(&sh.hist_count[(k >> shift) & 255u], 1u);
-    }
-    __syncthreads();
-    if (threadIdx.x < 32) {
-      // Lane l holds digits 255 - 8l .. 248 - 8l (descending): a suffix scan from the top.
-      unsigned int c[8], mine = 0;
+  if (threadIdx.x < 32) {
+    Top64 v[kSplitWarps];
 #pragma unroll
-      for (int d = 0; d < 8; ++d) {
-        c[d] = sh.hist_count[255 - 8 * lane - d];
-        mine += c[d];
+    for (int w = 0; w < kSplitWarps; ++w) v[w] = Top64{merged[w][lane], merged[w][32 + lane]};
+    const Top64 t = MergeTop64(MergeTop64(MergeTop64(v[0], v[1]), MergeTop64(v[2], v[3])),
+                               MergeTop64(MergeTop64(v[4], v[5]), MergeTop64(v[6], v[7])));
+    const float kth = K <= 32 ? __shfl_sync(0xFFFFFFFFu, t.hi, K - 1) : __shfl_sync(0xFFFFFFFFu, t.lo, K - 33);
+    if (lane == 0) fs.s_min = kth / T;
+  }
+  __syncthreads();
+  // The survivors: the union's entries with s >= s_min, a superset of the row's top K (~K + 10
+  // on normal logits, as a chunk's list). Where the bound leaves more than kSplitSurvivors
+  // (ties, few distinct values), the radix narrowing below takes the whole union instead.
+  {
+    const float s_min = fs.s_min;
+    for (int e = threadIdx.x; e < listed; e += blockDim.x) {
+      if (u_s[e] >= s_min) {
+        const int at = atomicAdd(&fs.survived, 1);
+        if (at < kSplitSurvivors) survivors[at] = e;
       }
-      unsigned int inc = mine;
-      for (int o = 1; o < 32; o <<= 1) {
-        const unsigned int a = __shfl_up_sync(0xFFFFFFFFu, inc, o);
-        if (lane >= o) inc += a;
+    }
+  }
+  __syncthreads();
+  int n_survivors = fs.survived;
+  if (n_survivors > kSplitSurvivors) {
+    // Narrow the union to a prefix of its order that holds its top K: 8-bit radix rounds over
+    // the order key of s, each keeping the digits at or above the one holding the K-th element,
+    // until at most kSplitSurvivors remain (or the key is exhausted: only exact ties are left).
+    // (Measured against a tree of pairwise merges by binary search, and against
+    // warp-aggregated histogram counts: both slower on the H200.)
+    int need = min(listed, K);
+    for (int shift = 24; shift >= 0 && !fs.cut_done; shift -= 8) {
+      const uint32_t prefix = fs.cut_prefix, mask = fs.cut_mask;
+      for (int b = threadIdx.x; b < kDistanceBins; b += blockDim.x) sh.hist_count[b] = 0;
+      __syncthreads();
+      for (int e = threadIdx.x; e < listed; e += blockDim.x) {
+        const uint32_t k = OrderKey(u_s[e]);
+        if ((k & mask) == prefix) atomicAdd(&sh.hist_count[(k >> shift) & 255u], 1u);
       }
-      unsigned int before = inc - mine;  // elements (of this round) in higher digits
-      const unsigned int un = static_cast<unsigned int>(need);
-      if (before < un && inc >= un) {  // exactly one lane
+      __syncthreads();
+      if (threadIdx.x < 32) {
+        // Lane l holds digits 255 - 8l .. 248 - 8l (descending): a suffix scan from the top.
+        unsigned int c[8], mine = 0;
 #pragma unroll
         for (int d = 0; d < 8; ++d) {
-          if (before < un && before + c[d] >= un) {
-            // Kept: the elements above this round's prefix (counted in earlier rounds:
-            // K - need), plus this round's digits above d, plus digit d itself.
-            fs.cut_digit = 255 - 8 * lane - d;
-            fs.cut_done = (min(listed, K) - need) + static_cast<int>(before + c[d]) <= kSplitSurvivors;
-            sh.count = need - static_cast<int>(before);  // the new need
-          }
-          before += c[d];
+          c[d] = sh.hist_count[255 - 8 * lane - d];
+          mine += c[d];
         }
+        unsigned int inc = mine;
+        for (int o = 1; o < 32; o <<= 1) {
+          const unsigned int a = __shfl_up_sync(0xFFFFFFFFu, inc, o);
+          if (lane >= o) inc += a;
+        }
+        unsigned int before = inc - mine;  // elements (of this round) in higher digits
+        const unsigned int un = static_cast<unsigned int>(need);
+        if (before < un && inc >= un) {  // exactly one lane
+#pragma unroll
+          for (int d = 0; d < 8; ++d) {
+            if (before < un && before + c[d] >= un) {
+              // Kept: the elements above this round's prefix (counted in earlier rounds:
+              // K - need), plus this round's digits above d, plus digit d itself.
+              fs.cut_digit = 255 - 8 * lane - d;
+              fs.cut_done = (min(listed, K) - need) + static_cast<int>(before + c[d]) <= kSplitSurvivors;
+              sh.count = need - static_cast<int>(before);  // the new need
+            }
+            before += c[d];
+          }
+        }
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        fs.cut_prefix = prefix | (static_cast<uint32_t>(fs.cut_digit) << shift);
+        fs.cut_mask = mask | (255u << shift);
+      }
+      need = sh.count;
+      __syncthreads();
+    }
+    // The survivors: every element whose masked key is at or above the cut (the mask keeps the
+    // key's top bits, so the comparison is the order's).
+    if (threadIdx.x == 0) sh.count = 0;
+    __syncthreads();
+    {
+      const uint32_t prefix = fs.cut_prefix, mask = fs.cut_mask;
+      for (int e = threadIdx.x; e < listed; e += blockDim.x) {
+        if ((OrderKey(u_s[e]) & mask) >= prefix) survivors[atomicAdd(&sh.count, 1)] = e;
       }
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      fs.cut_prefix = prefix | (static_cast<uint32_t>(fs.cut_digit) << shift);
-      fs.cut_mask = mask | (255u << shift);
-    }
-    need = sh.count;
-    __syncthreads();
+    n_survivors = sh.count;
   }
-  // The survivors: every element whose masked key is at or above the cut (the mask keeps the
-  // key's top bits, so the comparison is the order's), then their ranks among themselves.
-  if (threadIdx.x == 0) sh.count = 0;
-  __syncthreads();
-  {
-    const uint32_t prefix = fs.cut_prefix, mask = fs.cut_mask;
-    for (int e = threadIdx.x; e < listed; e += blockDim.x) {
-      if ((OrderKey(u_s[e]) & mask) >= prefix) survivors[atomicAdd(&sh.count, 1)] = e;
-    }
-  }
-  __syncthreads();
+  // The survivors' ranks among themselves; the first K are the row's top K in order.
   RankAmong(
-      sh.count,
+      n_survivors,
       [&](int a, float* sa, int* ia) {
         const int e = survivors[a];
         *sa = u_s[e];
@@ -338,55 +460,6 @@ __device__ __forceinline__ float Exp2Approx(float v) {
   float out;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(out) : "f"(v));
   return out;
-}
-
-// Bitonic merges in one warp's registers, for the chunk's threshold: the largest 64 of the
-// block's thread maxima, from each warp's 32 sorted descending. A sequence of 64 is held as
-// `hi` (elements 0-31, one a lane) and `lo` (32-63).
-struct Top64 {
-  float hi, lo;
-};
-
-// A bitonic sequence of 32 (one a lane), sorted descending: half-cleaners of stride 16 .. 1.
-__device__ __forceinline__ float BitonicMergeDesc32(float v) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int h = 16; h > 0; h >>= 1) {
-    const float other = __shfl_xor_sync(0xFFFFFFFFu, v, h);
-    v = (lane & h) != 0 ? fminf(v, other) : fmaxf(v, other);
-  }
-  return v;
-}
-
-// Any 32 values (one a lane) sorted descending: bitonic runs of 2, 4, .. 16 alternating in
-// direction (by bit k of the lane), then the merge of the bitonic 32 they form.
-__device__ __forceinline__ float BitonicSortDesc32(float v) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int k = 2; k <= 16; k <<= 1) {
-#pragma unroll
-    for (int h = k >> 1; h > 0; h >>= 1) {
-      const float other = __shfl_xor_sync(0xFFFFFFFFu, v, h);
-      v = ((lane & k) == 0) == ((lane & h) == 0) ? fmaxf(v, other) : fminf(v, other);
-    }
-  }
-  return BitonicMergeDesc32(v);
-}
-
-// Two descending 32-sequences a and b, merged descending: a followed by b reversed is bitonic;
-// its stride-32 half-cleaner puts the larger 32 in hi and the rest in lo, each bitonic.
-__device__ __forceinline__ Top64 Merge32(float a, float b) {
-  const float b_rev = __shfl_sync(0xFFFFFFFFu, b, 31 - (threadIdx.x & 31));
-  return Top64{BitonicMergeDesc32(fmaxf(a, b_rev)), BitonicMergeDesc32(fminf(a, b_rev))};
-}
-
-// The largest 64 of two descending 64-sequences, descending: element i is max(p[i], q[63 - i])
-// (a bitonic sequence holding the largest 64), then a bitonic merge of 64.
-__device__ __forceinline__ Top64 MergeTop64(Top64 p, Top64 q) {
-  const int mirror = 31 - (threadIdx.x & 31);
-  const float hi = fmaxf(p.hi, __shfl_sync(0xFFFFFFFFu, q.lo, mirror));
-  const float lo = fmaxf(p.lo, __shfl_sync(0xFFFFFFFFu, q.hi, mirror));
-  return Top64{BitonicMergeDesc32(fmaxf(hi, lo)), BitonicMergeDesc32(fminf(hi, lo))};
 }
 
 // One chunk of one split job: its row, its tokens [lo, lo + n) and its scratch slot.
@@ -438,7 +511,9 @@ __device__ __forceinline__ void LoadChunkValues(const StepParams& p, const RowJo
     }
   }
   const unsigned char* mask = RowMask(job);
-  if (whole && mask == nullptr) {
+  if (mask == nullptr) {
+    // The row's last chunk too: its tokens past n hold -inf, which AdmitUnmasked takes as
+    // Admit takes a banned token (no fault, no extreme), so it need not test c < n per value.
     st->AdmitUnmasked(x);
   } else {
 #pragma unroll
@@ -558,6 +633,8 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
                                MergeTop64(Merge32(v[4], v[5]), Merge32(v[6], v[7])));
     const float kth = K <= 32 ? __shfl_sync(0xFFFFFFFFu, t.hi, K - 1) : __shfl_sync(0xFFFFFFFFu, t.lo, K - 33);
     if (lane == 0) threshold = kth;
+    layout.maxima[it.slot * 64 + lane] = t.hi;  // for the finisher's bound
+    layout.maxima[it.slot * 64 + 32 + lane] = t.lo;
   }
   // Z's partial (exp2 of x * log2(e) / T: Z only feeds top-p and the logprobs' normaliser,
   // within the CPU's 1e-5 tolerance): each thread's values in order, then a fixed tree.
@@ -661,7 +738,8 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
 size_t SplitScratchBytes(int32_t num_split, int32_t vocab_size) {
   const size_t slots =
       static_cast<size_t>(num_split) * ((vocab_size + kSplitChunk - 1) / kSplitChunk);
-  return slots * (sizeof(detail::SplitPartial) + kSplitMaxK * (sizeof(float) + sizeof(int32_t)));
+  return slots * (sizeof(detail::SplitPartial) + kSplitMaxK * (sizeof(float) + sizeof(int32_t)) +
+                  64 * sizeof(float));
 }
 
 LaunchConfig SplitRowsConfig(const StepParams& params) {
