@@ -533,7 +533,10 @@ __device__ __forceinline__ void LoadChunkValues(const StepParams& p, const RowJo
 // -3.4% and +12.4% for this one in the same session; and a barrier-free one, each warp taking
 // the chunk's updates by a ballot over the row's: +12.0% and +30.4%. Applying an update to a
 // value chosen at run time among the 32 a thread holds makes ptxas spill under the 64-register
-// cap: 180 bytes of spill stores against 24 here (-Xptxas -v).)
+// cap: 180 bytes of spill stores against 24 here (-Xptxas -v). Its second session tried the
+// ballot version again with a select over the 32 values instead of a run-time index: 44 bytes
+// of spill stores and 236 of loads, and the load stage at R = 16 with adjustments took 5.1 us
+// instead of 1.1, +37.5% against the same step without them.)
 template <int G>
 __device__ void UpdateChunkValues(const StepParams& p, const RowJob& job, int lo, int n, float* xs,
                                   float (&x)[kChunkValues], LoadStats* st) {
@@ -560,7 +563,9 @@ __device__ void UpdateChunkValues(const StepParams& p, const RowJob& job, int lo
 // each warp's extremes and its sorted thread maxima; S2 the chunk's threshold; S3 the
 // collected tokens. (A persistent grid looping over chunks, fetching the next one by cp.async
 // while working on the current, measured slower: 334 against 236 us at R = 384, the rows'
-// finishes landing unevenly on the blocks.)
+// finishes landing unevenly on the blocks. So did each block warming the chunk 4 x SMs blocks
+// further on into L2 with a bulk prefetch: 188.2 against 163.9 us at R = 384 prefill fp32,
+// 3,494 against 2,956 at R = 8192, the load stage 4.3 -> 6.0 us.)
 template <int G>
 __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKernel(StepParams p) {
   __shared__ __align__(16) SplitSmem smem;
