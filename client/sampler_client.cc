@@ -110,19 +110,23 @@ absl::StatusOr<int> SamplerClient::Release(const std::vector<std::string>& reque
 }
 
 absl::StatusOr<v1::SampleResponse> SamplerClient::Sample(const v1::SampleRequest& request) {
-  if (absl::Status again = RegisterAgainIfNeeded(); !again.ok()) return again;
+  if (absl::Status again = EnsureRegistered(); !again.ok()) return again;
+  // Up to two retries, as a stream resumes up to twice an answer: a call can fail once more
+  // after the keep-alive has reached the new samplerd (the restart test saw "Broken pipe" on
+  // the retry, under ASan), and a step that takes samplerd down every time is not retried for
+  // ever.
   for (int attempt = 0;; ++attempt) {
     grpc::ClientContext context;
     SetDeadline(context);
     v1::SampleResponse response;
     const absl::Status status = FromGrpcStatus(stub_->Sample(&context, request, &response));
     if (status.ok()) return response;
-    if (attempt > 0 || !ShouldWait(status)) return status;
+    if (attempt == 2 || !ShouldWait(status)) return status;
     if (status.code() == absl::StatusCode::kNotFound) {
       // A samplerd restarted under us that this client had not yet noticed forgot its
       // regions: register them again and retry; any other NOT_FOUND is the answer.
       if (!RegistrationsLost()) return status;
-      if (absl::Status again = RegisterAgainIfNeeded(); !again.ok()) return again;
+      if (absl::Status again = EnsureRegistered(); !again.ok()) return again;
     } else if (absl::Status back = AwaitServer(); !back.ok()) {
       return back;
     }
@@ -136,10 +140,13 @@ bool SamplerClient::RegistrationsLost() {
 
 bool SamplerClient::ShouldWait(const absl::Status& status) const {
   // UNAVAILABLE is samplerd gone (connection refused or reset, or draining for a restart);
-  // NOT_FOUND may be a restarted samplerd that no longer knows this client's regions (the
-  // caller asks before it resends). Every other code is an answer.
+  // CANCELLED, which this client never asks for on a call it waits on, is a samplerd shutting
+  // down (gRPC's server cancels the calls it had not started: grpc/grpc#41785); NOT_FOUND may
+  // be a restarted samplerd that no longer knows this client's regions (the caller asks before
+  // it resends). Every other code is an answer.
   return options_.reconnect_timeout.count() > 0 &&
          (status.code() == absl::StatusCode::kUnavailable ||
+          status.code() == absl::StatusCode::kCancelled ||
           status.code() == absl::StatusCode::kNotFound);
 }
 
@@ -151,10 +158,20 @@ absl::Status SamplerClient::AwaitServer() {
     context.AddMetadata("samplerd-client-id", client_id_);
     context.set_wait_for_ready(true);  // through connection failures
     context.set_deadline(deadline);
-    const grpc::Status status = stub_->KeepAlive(&context, v1::KeepAliveRequest(), &response);
-    if (status.ok()) break;
-    // A samplerd still draining answers UNAVAILABLE itself: wait for the next one.
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE ||
+    grpc::Status status = stub_->KeepAlive(&context, v1::KeepAliveRequest(), &response);
+    if (status.ok()) {
+      if (LostRegistrations(response)) register_again_.store(true);
+      // Registering again can still meet the old connection ("Broken pipe") or a samplerd
+      // going down again: that is waited out like the keep-alive's own failures.
+      const absl::Status again = RegisterAgainIfNeeded();
+      if (again.ok() || !ShouldWait(again)) return again;
+      status = grpc::Status(static_cast<grpc::StatusCode>(again.code()),
+                            std::string(again.message()));
+    }
+    // A samplerd still draining answers UNAVAILABLE itself, and gRPC's server cancels the calls
+    // it had not started when it shuts down (grpc/grpc#41785): wait for the next one.
+    if ((status.error_code() != grpc::StatusCode::UNAVAILABLE &&
+         status.error_code() != grpc::StatusCode::CANCELLED) ||
         std::chrono::system_clock::now() + std::chrono::milliseconds(50) >= deadline) {
       return absl::UnavailableError(absl::StrCat(
           "samplerd did not come back within ", options_.reconnect_timeout.count(),
@@ -162,8 +179,6 @@ absl::Status SamplerClient::AwaitServer() {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  if (LostRegistrations(response)) register_again_.store(true);
-  return RegisterAgainIfNeeded();
 }
 
 bool SamplerClient::LostRegistrations(const v1::KeepAliveResponse& response) {
@@ -171,6 +186,12 @@ bool SamplerClient::LostRegistrations(const v1::KeepAliveResponse& response) {
   if (registrations_.empty()) return false;
   return response.server_id() != server_id_ ||
          response.buffers() < static_cast<int>(registrations_.size());
+}
+
+absl::Status SamplerClient::EnsureRegistered() {
+  const absl::Status status = RegisterAgainIfNeeded();
+  // AwaitServer waits for samplerd and registers again, within reconnect_timeout.
+  return status.ok() || !ShouldWait(status) ? status : AwaitServer();
 }
 
 absl::Status SamplerClient::RegisterAgainIfNeeded() {
@@ -215,7 +236,7 @@ absl::Status SamplerClient::RegisterAgainIfNeeded() {
 }
 
 absl::StatusOr<std::unique_ptr<SamplerClient::StepStream>> SamplerClient::OpenStream() {
-  if (absl::Status again = RegisterAgainIfNeeded(); !again.ok()) return again;
+  if (absl::Status again = EnsureRegistered(); !again.ok()) return again;
   auto stream = std::unique_ptr<StepStream>(new StepStream(this));
   if (absl::Status opened = stream->Open(); !opened.ok()) return opened;
   return stream;
@@ -249,15 +270,17 @@ absl::Status SamplerClient::StepStream::Resume(const absl::Status& status) {
 }
 
 absl::Status SamplerClient::StepStream::Write(const v1::SampleRequest& request) {
-  if (stream_->Write(request)) return absl::OkStatus();
-  absl::Status status = Finish();
+  // A stream already finished (an earlier resume failed) is not written or finished again:
+  // gRPC's Finish on a finished call does not return.
+  if (!finished_ && stream_->Write(request)) return absl::OkStatus();
+  absl::Status status = finished_ ? absl::UnavailableError("SampleStream ended") : Finish();
   if (status.ok()) status = absl::UnavailableError("SampleStream closed by the server");
   return Resume(status);  // resends `request` with every other unanswered step
 }
 
 absl::Status SamplerClient::StepStream::Send(const v1::SampleRequest& request) {
   if (closed_) return absl::FailedPreconditionError("the stream is closed");
-  if (absl::Status again = client_->RegisterAgainIfNeeded(); !again.ok()) return again;
+  if (absl::Status again = client_->EnsureRegistered(); !again.ok()) return again;
   unanswered_.push_back(request);
   return Write(unanswered_.back());
 }
@@ -290,8 +313,8 @@ absl::StatusOr<v1::SampleResponse> SamplerClient::StepStream::Receive() {
   // that takes samplerd down every time is not resent for ever.
   for (int resumed = 0;; ++resumed) {
     bool resend = false;
-    if (stream_->Read(&response) && !(resend = Resend(response))) break;
-    absl::Status status = Finish();
+    if (!finished_ && stream_->Read(&response) && !(resend = Resend(response))) break;
+    absl::Status status = finished_ ? absl::UnavailableError("SampleStream ended") : Finish();
     // Resend ended the stream itself (cancelled, or drained): resume it.
     if (status.ok() || resend) status = absl::UnavailableError("SampleStream ended by the server");
     if (resumed == 2) return status;
@@ -312,7 +335,7 @@ absl::StatusOr<v1::SampleResponse> SamplerClient::StepStream::Step(
     return Receive();
   }
   if (closed_) return absl::FailedPreconditionError("the stream is closed");
-  if (absl::Status again = client_->RegisterAgainIfNeeded(); !again.ok()) return again;
+  if (absl::Status again = client_->EnsureRegistered(); !again.ok()) return again;
   // Borrowed, not copied: Step waits for the answer.
   in_flight_ = &request;
   absl::Status sent = Write(request);
@@ -353,7 +376,7 @@ absl::Status SamplerClient::RegisterBuffer(const v1::RegisterBufferRequest& requ
 }
 
 absl::Status SamplerClient::Register(const v1::RegisterBufferRequest& request, ShmBuffer* shm) {
-  if (absl::Status again = RegisterAgainIfNeeded(); !again.ok()) return again;
+  if (absl::Status again = EnsureRegistered(); !again.ok()) return again;
   grpc::ClientContext context;
   SetDeadline(context);
   v1::RegisterBufferResponse response;

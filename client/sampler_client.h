@@ -178,9 +178,14 @@ class SamplerClient final {
   // Registers again the regions samplerd no longer holds for this client (all of them after
   // a restart), when the keep-alive or a call found some gone. Cheap when nothing is.
   absl::Status RegisterAgainIfNeeded();
+  // RegisterAgainIfNeeded where a call is about to be made: a registration that fails because
+  // samplerd is going or coming back (a call on the connection to the old one: "Broken pipe")
+  // waits for it and registers again (AwaitServer).
+  absl::Status EnsureRegistered();
   // Asks samplerd (a KeepAlive) whether it lost this client's regions, as a restarted one does.
   bool RegistrationsLost();
-  // Waits up to reconnect_timeout for samplerd to answer, then registers again what it lost.
+  // Waits up to reconnect_timeout for samplerd to answer and to take back what it lost (a
+  // registration that fails as samplerd goes or comes back is waited out too).
   absl::Status AwaitServer();
   // Whether samplerd holds fewer of this client's regions than it registered (a restart:
   // another server_id; or its lease ran out while this process was stopped).

@@ -194,7 +194,8 @@ TEST(SamplerdRestart, DecodeLoopSurvivesRestartsWithoutCodeOfItsOwn) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     std::vector<v1::SampleRequest> inline_copies(kSlots);
     for (int i = 0; i < kSlots; ++i) {
-      EXPECT_TRUE((*stream)->Send(MakeStep(110 + i, **shm, &inline_copies[i])).ok());
+      const absl::Status sent = (*stream)->Send(MakeStep(110 + i, **shm, &inline_copies[i]));
+      EXPECT_TRUE(sent.ok()) << sent;
     }
     for (int i = 0; i < kSlots; ++i) {
       absl::StatusOr<v1::SampleResponse> response = (*stream)->Receive();

@@ -151,9 +151,12 @@ class _Base:
         self._register_again = False
 
     def _should_wait(self, code) -> bool:
-        """UNAVAILABLE is samplerd gone (or draining); NOT_FOUND may be a restarted samplerd
-        that forgot this client's regions (asked before resending). Other codes are answers."""
+        """UNAVAILABLE is samplerd gone (or draining); CANCELLED, on a call this client waits
+        on, is samplerd shutting down (gRPC's server cancels the calls it had not started:
+        grpc/grpc#41785); NOT_FOUND may be a restarted samplerd that forgot this client's
+        regions (asked before resending). Other codes are answers."""
         return self._reconnect_timeout > 0 and code in (grpc.StatusCode.UNAVAILABLE,
+                                                        grpc.StatusCode.CANCELLED,
                                                         grpc.StatusCode.NOT_FOUND)
 
     def _note_alive(self, reply):
@@ -285,8 +288,10 @@ class SamplerClient(_Base):
                                                 metadata=self._metadata, wait_for_ready=True)
                 break
             except grpc.RpcError as e:
-                # A samplerd still draining answers UNAVAILABLE itself: wait for the next one.
-                if e.code() != grpc.StatusCode.UNAVAILABLE or left < 0.05:
+                # A samplerd still draining answers UNAVAILABLE itself, and a shutting-down
+                # gRPC server cancels calls it had not started: wait for the next one.
+                if (e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+                        or left < 0.05):
                     raise self._gone(e.details()) from None
                 time.sleep(0.05)
         with self._registrations_lock:
