@@ -536,7 +536,12 @@ __device__ __forceinline__ void LoadChunkValues(const StepParams& p, const RowJo
 // cap: 180 bytes of spill stores against 24 here (-Xptxas -v). Its second session tried the
 // ballot version again with a select over the 32 values instead of a run-time index: 44 bytes
 // of spill stores and 236 of loads, and the load stage at R = 16 with adjustments took 5.1 us
-// instead of 1.1, +37.5% against the same step without them.)
+// instead of 1.1, +37.5% against the same step without them. Its third session measured two
+// more, neither faster at decode R = 384 with adjustments: the copy replaced by sparse results
+// in xs and a bit per (thread, value) in a word per thread, each thread taking its own by
+// compile-time index, 198.8 / 198.5 us against 197.6 / 198.1; the thread's first update
+// fetched into shared memory by cp.async beside the chunk's loads, 202.5 / 202.1 against
+// 197.0 / 198.6: neither the copy nor the updates' L2 latency is what the adjustments cost.)
 template <int G>
 __device__ void UpdateChunkValues(const StepParams& p, const RowJob& job, int lo, int n, float* xs,
                                   float (&x)[kChunkValues], LoadStats* st) {
