@@ -570,10 +570,10 @@ __device__ void UpdateChunkValues(const StepParams& p, const RowJob& job, int lo
 // while working on the current, measured slower: 334 against 236 us at R = 384, the rows'
 // finishes landing unevenly on the blocks. So did each block warming the chunk 4 x SMs blocks
 // further on into L2 with a bulk prefetch: 188.2 against 163.9 us at R = 384 prefill fp32,
-// 3,494 against 2,956 at R = 8192, the load stage 4.3 -> 6.0 us. A resident grid taking chunks from an
-// atomic work queue, the next chunk by cp.async into the staging buffer: 180.9 against 162.0 us
-// at R = 384 prefill, 2,834 against 2,955 at R = 8192; the loop's state spilled the chunk's
-// registers, gpu-notes' issue 34 fourth session.)
+// 3,494 against 2,956 at R = 8192, the load stage 4.3 -> 6.0 us. So did a resident grid taking
+// chunks from an atomic work queue, the next chunk by cp.async into the staging buffer: 180.9
+// against 162.0 us at R = 384 prefill (2,834 against 2,955 at R = 8192), the loop's state
+// spilling the chunk's registers; gpu-notes, issue 34's fourth session.)
 template <int G>
 __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKernel(StepParams p) {
   __shared__ __align__(16) SplitSmem smem;
