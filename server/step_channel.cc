@@ -39,10 +39,12 @@ absl::StatusOr<std::unique_ptr<StepChannel>> StepChannel::Open(const std::string
                                                                StepFn step) {
   // <= 1 GiB a direction: the header's u32 lengths hold it, and 64 + 2 x capacity cannot
   // overflow.
+  // At least kMinCapacityBytes: every refusal samplerd writes must fit in the response area.
   constexpr int64_t kMaxCapacity = int64_t{1} << 30;
-  if (capacity_bytes < 1 || capacity_bytes > kMaxCapacity) {
-    return absl::InvalidArgumentError(absl::StrCat("capacity_bytes: ", capacity_bytes,
-                                                   " is outside [1, ", kMaxCapacity, "]"));
+  if (capacity_bytes < channel_layout::kMinCapacityBytes || capacity_bytes > kMaxCapacity) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("capacity_bytes: ", capacity_bytes, " is outside [",
+                     channel_layout::kMinCapacityBytes, ", ", kMaxCapacity, "]"));
   }
   ShmOpenOptions writable = options;
   writable.writable = true;
@@ -91,16 +93,20 @@ std::atomic<uint32_t>* StepChannel::Word(int offset) const {
 
 void StepChannel::Answer(uint32_t seq, const v1::SampleResponse& response) {
   char* base = static_cast<char*>(region_->mutable_data());
-  const size_t bytes = response.ByteSizeLong();
+  const v1::SampleResponse* answer = &response;
+  v1::SampleResponse too_big;
+  size_t bytes = response.ByteSizeLong();
   if (static_cast<int64_t>(bytes) > capacity_) {
-    const v1::SampleResponse too_big = ErrorResponse(
+    // The refusal is small (a step id and a message of under 200 bytes) and Open guarantees
+    // kMinCapacityBytes, so it fits; no second refusal is ever needed.
+    too_big = ErrorResponse(
         response.step_id(), absl::StatusCode::kResourceExhausted,
         absl::StrCat("the step's response of ", bytes, " bytes exceeds the channel's capacity of ",
                      capacity_, " bytes (open it with a larger capacity_bytes)"));
-    Answer(seq, too_big);
-    return;
+    answer = &too_big;
+    bytes = too_big.ByteSizeLong();
   }
-  response.SerializeWithCachedSizesToArray(
+  answer->SerializeWithCachedSizesToArray(
       reinterpret_cast<uint8_t*>(base + kHeaderBytes + capacity_));
   Word(kResponseLenAt)->store(static_cast<uint32_t>(bytes), std::memory_order_relaxed);
   Word(kResponseSeqAt)->store(seq, std::memory_order_release);

@@ -15,6 +15,8 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+
 namespace samplerd {
 namespace {
 
@@ -115,8 +117,9 @@ TEST(StepChannel, CarriesStepsInOrderThroughTheStepFunction) {
 }
 
 TEST(StepChannel, HostileWordsAndBytesFailOnlyTheirStep) {
-  Worker worker(256);
-  auto channel = StepChannel::Open(worker.name(), 256, {}, Echo);
+  constexpr int64_t kCapacity = channel_layout::kMinCapacityBytes;
+  Worker worker(kCapacity);
+  auto channel = StepChannel::Open(worker.name(), kCapacity, {}, Echo);
   ASSERT_TRUE(channel.ok());
   v1::SampleResponse response;
   // A length past the capacity: answered INVALID_ARGUMENT naming request_len, nothing read.
@@ -126,8 +129,9 @@ TEST(StepChannel, HostileWordsAndBytesFailOnlyTheirStep) {
   // Bytes that are no SampleRequest.
   ASSERT_TRUE(worker.Send(std::string("\xff\xff\xff\xff\x0f", 5), 5, &response));
   EXPECT_EQ(response.error().code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
-  // A response larger than the capacity: RESOURCE_EXHAUSTED, in place of the response.
-  ASSERT_TRUE(worker.Send(Step(7, 10), &response));
+  // A response larger than the capacity (200 results of 20 tokens): RESOURCE_EXHAUSTED, in
+  // place of the response.
+  ASSERT_TRUE(worker.Send(Step(7, 200), &response));
   EXPECT_EQ(response.error().code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
   EXPECT_EQ(response.step_id(), 7u);
   // The channel still serves.
@@ -137,33 +141,57 @@ TEST(StepChannel, HostileWordsAndBytesFailOnlyTheirStep) {
 }
 
 TEST(StepChannel, OpenChecksTheObjectAndTheHeader) {
-  Worker bad_magic(64, 0x12345678);
-  auto opened = StepChannel::Open(bad_magic.name(), 64, {}, Echo);
+  constexpr int64_t kMin = channel_layout::kMinCapacityBytes;
+  Worker bad_magic(kMin, 0x12345678);
+  auto opened = StepChannel::Open(bad_magic.name(), kMin, {}, Echo);
   EXPECT_EQ(opened.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(opened.status().message()), HasSubstr("shm_name"));
-  Worker worker(64);
-  opened = StepChannel::Open(worker.name(), 128, {}, Echo);  // larger than the object
+  Worker worker(2 * kMin);
+  opened = StepChannel::Open(worker.name(), 4 * kMin, {}, Echo);  // larger than the object
   EXPECT_EQ(opened.status().code(), absl::StatusCode::kFailedPrecondition);
-  opened = StepChannel::Open(worker.name(), 32, {}, Echo);  // not the header's capacity
+  opened = StepChannel::Open(worker.name(), kMin, {}, Echo);  // not the header's capacity
   EXPECT_EQ(opened.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(opened.status().message()), HasSubstr("capacity_bytes"));
   opened = StepChannel::Open(worker.name(), 0, {}, Echo);
   EXPECT_EQ(opened.status().code(), absl::StatusCode::kInvalidArgument);
-  opened = StepChannel::Open("/samplerd-chan-test-none", 64, {}, Echo);
+  opened = StepChannel::Open("/samplerd-chan-test-none", kMin, {}, Echo);
   EXPECT_EQ(opened.status().code(), absl::StatusCode::kNotFound);
 }
 
+// Issue 45: a capacity of 100 bytes or less was accepted, and a step's response (or the
+// refusal saying it was too large, which did not fit either) recursed until the stack
+// overflowed. Capacities below the minimum are refused at open, naming the field and the bound.
+TEST(StepChannel, RefusesCapacitiesBelowTheMinimum) {
+  for (int64_t capacity : {int64_t{16}, int64_t{100}, channel_layout::kMinCapacityBytes - 1}) {
+    Worker worker(capacity);
+    auto opened = StepChannel::Open(worker.name(), capacity, {}, Echo);
+    EXPECT_EQ(opened.status().code(), absl::StatusCode::kInvalidArgument) << capacity;
+    EXPECT_THAT(std::string(opened.status().message()),
+                HasSubstr(absl::StrCat("capacity_bytes: ", capacity, " is outside [",
+                                       channel_layout::kMinCapacityBytes)));
+  }
+  // At the minimum, an empty step and one whose response does not fit are both answered.
+  Worker worker(channel_layout::kMinCapacityBytes);
+  auto channel = StepChannel::Open(worker.name(), channel_layout::kMinCapacityBytes, {}, Echo);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  v1::SampleResponse response;
+  ASSERT_TRUE(worker.Send(v1::SampleRequest(), &response));
+  EXPECT_FALSE(response.has_error());
+  ASSERT_TRUE(worker.Send(Step(9, 300), &response));
+  EXPECT_EQ(response.error().code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+}
+
 TEST(StepChannel, StopsWhenTheWorkerClosesItOrShrinksIt) {
-  Worker closing(64);
-  auto a = StepChannel::Open(closing.name(), 64, {}, Echo);
+  Worker closing(channel_layout::kMinCapacityBytes);
+  auto a = StepChannel::Open(closing.name(), channel_layout::kMinCapacityBytes, {}, Echo);
   ASSERT_TRUE(a.ok());
   closing.Word(24)->store(channel_layout::kClosedByWorker);
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(closing.Word(8)), FUTEX_WAKE, 1, nullptr,
           nullptr, 0);
   EXPECT_TRUE(WaitUntil([&] { return !(*a)->serving(); }));
 
-  Worker shrinking(64);
-  auto b = StepChannel::Open(shrinking.name(), 64, {}, Echo);
+  Worker shrinking(channel_layout::kMinCapacityBytes);
+  auto b = StepChannel::Open(shrinking.name(), channel_layout::kMinCapacityBytes, {}, Echo);
   ASSERT_TRUE(b.ok());
   shrinking.Shrink();
   // Noticed within the poll period, without a step and without a fault in this process.
@@ -171,8 +199,8 @@ TEST(StepChannel, StopsWhenTheWorkerClosesItOrShrinksIt) {
 }
 
 TEST(StepChannel, DestroyingItStopsItsThreadAndTellsTheWorker) {
-  Worker worker(64);
-  auto channel = StepChannel::Open(worker.name(), 64, {}, Echo);
+  Worker worker(channel_layout::kMinCapacityBytes);
+  auto channel = StepChannel::Open(worker.name(), channel_layout::kMinCapacityBytes, {}, Echo);
   ASSERT_TRUE(channel.ok());
   channel->reset();
   EXPECT_EQ(worker.Word(24)->load(), channel_layout::kClosedByServer);

@@ -27,6 +27,9 @@ static_assert(sizeof(std::atomic<uint32_t>) == 4 && std::atomic<uint32_t>::is_al
 inline constexpr uint32_t kMagic = 0x48434453;  // "SDCH"
 inline constexpr uint32_t kVersion = 1;
 inline constexpr int64_t kHeaderBytes = 64;  // the request area starts here
+// The smallest capacity a direction may have: room for any error response samplerd writes
+// (their messages are cut to fit well inside it), so a refusal always fits.
+inline constexpr int64_t kMinCapacityBytes = 4096;
 // Byte offsets of the header's little-endian u32 words.
 enum Offset : int {
   kMagicAt = 0,
