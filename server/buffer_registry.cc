@@ -9,7 +9,8 @@
 namespace samplerd {
 
 absl::StatusOr<v1::BufferInfo> BufferRegistry::Register(const v1::RegisterBufferRequest& request,
-                                                        const std::string& owner) {
+                                                        const std::string& owner,
+                                                        const ShmOpenOptions* shm_options) {
   if (request.name().empty()) return absl::InvalidArgumentError("name: required");
   if (request.byte_size() <= 0) {
     return absl::InvalidArgumentError(
@@ -23,7 +24,8 @@ absl::StatusOr<v1::BufferInfo> BufferRegistry::Register(const v1::RegisterBuffer
   region->info.set_owner(owner);
   switch (request.kind()) {
     case v1::HOST_SHM: {
-      auto shm = ShmRegion::Open(request.shm_name(), request.byte_size(), shm_options_);
+      auto shm = ShmRegion::Open(request.shm_name(), request.byte_size(),
+                                 shm_options != nullptr ? *shm_options : shm_options_);
       if (!shm.ok()) return shm.status();
       region->shm = std::move(*shm);
       region->bytes = region->shm->byte_size();
@@ -66,9 +68,10 @@ absl::StatusOr<v1::BufferInfo> BufferRegistry::Register(const v1::RegisterBuffer
   }
   absl::MutexLock lock(&mu_);
   if (auto it = regions_.find(request.name()); it != regions_.end()) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("name: a buffer named '", request.name(), "' is already registered (by ",
-                     it->second->info.owner(), ")"));
+    // Whose it is stays unsaid: owner ids are not public (issue 45).
+    return absl::AlreadyExistsError(absl::StrCat(
+        "name: a buffer named '", request.name(), "' is already registered",
+        it->second->info.owner() == owner ? " by this client" : " by another client"));
   }
   if (static_cast<int>(regions_.size()) >= max_buffers_) {
     return absl::ResourceExhaustedError(
@@ -79,11 +82,16 @@ absl::StatusOr<v1::BufferInfo> BufferRegistry::Register(const v1::RegisterBuffer
   return info;
 }
 
-absl::Status BufferRegistry::Unregister(const std::string& name) {
+absl::Status BufferRegistry::Unregister(const std::string& name, const std::string& owner) {
+  std::shared_ptr<const Region> dropped;  // unmapped outside the lock
   absl::MutexLock lock(&mu_);
-  if (regions_.erase(name) == 0) {
-    return absl::NotFoundError(absl::StrCat("name: no buffer named '", name, "'"));
+  auto it = regions_.find(name);
+  if (it == regions_.end() || it->second->info.owner() != owner) {
+    return absl::NotFoundError(
+        absl::StrCat("name: no buffer named '", name, "' registered by this client"));
   }
+  dropped = std::move(it->second);
+  regions_.erase(it);
   return absl::OkStatus();
 }
 
@@ -146,10 +154,11 @@ int64_t BufferRegistry::BytesHeld() const {
   return bytes;
 }
 
-std::vector<v1::BufferInfo> BufferRegistry::List() const {
+std::vector<v1::BufferInfo> BufferRegistry::List(const std::string& owner) const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::BufferInfo> out;
   for (const auto& [name, region] : regions_) {
+    if (region->info.owner() != owner) continue;
     v1::BufferInfo info = region->info;
     info.set_in_use(static_cast<int32_t>(region.use_count() - 1));  // leases held by steps
     out.push_back(std::move(info));
@@ -190,9 +199,12 @@ absl::StatusOr<const void*> BufferRegistry::ResolveFor(const std::string& owner,
       {
         absl::MutexLock lock(&mu_);
         auto it = regions_.find(slice.name());
-        if (it == regions_.end()) {
+        // Another client's region is as unknown as no region (issue 45: one certificate, or
+        // one user, sampled another's logits).
+        if (it == regions_.end() || (!owner.empty() && it->second->info.owner() != owner)) {
           return absl::NotFoundError(
-              absl::StrCat(field, ".buffer.name: no buffer named '", slice.name(), "'"));
+              absl::StrCat(field, ".buffer.name: no buffer named '", slice.name(), "'",
+                           owner.empty() ? "" : " registered by this client"));
         }
         region = it->second;
       }

@@ -45,13 +45,17 @@ class BufferRegistry final : public LogitsSourceResolver {
   // FAILED_PRECONDITION (object too small or not a regular file; CUDA_IPC without the CUDA
   // backend), RESOURCE_EXHAUSTED (too many regions). Returns the region as List shows it
   // (pinned or why not, for HOST_SHM on the CUDA backend).
-  // `owner` (BufferInfo.owner) is the client the region belongs to: ReleaseOwner drops it.
+  // `owner` (BufferInfo.owner) is the client the region belongs to: ReleaseOwner drops it, and
+  // only steps of that owner may read it. `shm` (null: shm_options()) opens a HOST_SHM object
+  // for this caller (ShmOpenOptions::opener).
   absl::StatusOr<v1::BufferInfo> Register(const v1::RegisterBufferRequest& request,
-                                          const std::string& owner = "");
-  // Removes `name`; its memory stays mapped until the last step reading it finishes.
-  // NOT_FOUND for an unknown name.
-  absl::Status Unregister(const std::string& name);
-  std::vector<v1::BufferInfo> List() const;
+                                          const std::string& owner = "",
+                                          const ShmOpenOptions* shm = nullptr);
+  // Removes `name` if `owner` owns it; its memory stays mapped until the last step reading it
+  // finishes. NOT_FOUND for an unknown name or another owner's (whose names are not told).
+  absl::Status Unregister(const std::string& name, const std::string& owner);
+  // `owner`'s regions, by name.
+  std::vector<v1::BufferInfo> List(const std::string& owner) const;
   int Size() const;
   // The owner of `name`, or "" when no such region.
   std::string OwnerOf(const std::string& name) const;
@@ -68,9 +72,10 @@ class BufferRegistry final : public LogitsSourceResolver {
   // Bytes of the registered regions and cached one-off allocations.
   int64_t BytesHeld() const;
 
-  // Resolve and ResolveReadyEvent for a step of `owner`: a one-off handle or event it opens or
+  // Resolve and ResolveReadyEvent for a step of `owner`: a registered region must be `owner`'s
+  // (another owner's is NOT_FOUND, as an unknown name); a one-off handle or event it opens or
   // reuses is then `owner`'s, released with it. (The LogitsSourceResolver methods below are
-  // these with no owner.)
+  // these with no owner: any region, for in-process callers with no clients.)
   absl::StatusOr<const void*> ResolveFor(const std::string& owner, const v1::Tensor& tensor,
                                          int64_t byte_extent, const std::string& field,
                                          bool* on_device, std::shared_ptr<const void>* lease,

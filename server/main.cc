@@ -33,6 +33,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "grpc/health/v1/health.pb.h"
 #include "sampler/cpu_backend.h"
 #ifdef SAMPLERD_WITH_CUDA
@@ -42,7 +43,9 @@
 #endif
 #include "server/buffer_registry.h"
 #include "server/group_registry.h"
+#include "server/local_listener.h"
 #include "server/metrics.h"
+#include "server/peer_identity.h"
 #include "server/sampler_service.h"
 #include "server/tls_listener.h"
 
@@ -111,8 +114,16 @@ ABSL_FLAG(int, max_rpc_threads, 256,
 ABSL_FLAG(std::string, shm_allowed_uids, "",
           "comma-separated uids whose POSIX shm objects may be registered as HOST_SHM regions "
           "(empty = the server's own uid only)");
+ABSL_FLAG(bool, allow_insecure_metrics, false,
+          "serve --metrics_address off loopback although it is plaintext HTTP");
 ABSL_FLAG(std::string, metrics_address, "",
           "serve Prometheus /metrics on host:port (empty = off)");
+ABSL_FLAG(int, max_open_streams, 0,
+          "SampleStreams open at once over all clients (each holds a thread); 0: "
+          "--max_rpc_threads less 16, so unary calls, GetServerInfo and health always find one");
+ABSL_FLAG(int, max_streams_per_client, 64, "SampleStreams one client may hold open");
+ABSL_FLAG(int, max_step_channels, 64, "step channels open at once over all clients");
+ABSL_FLAG(int, max_channels_per_client, 8, "step channels one client may hold open");
 ABSL_FLAG(int, shutdown_grace_ms, 0,
           "on SIGTERM, report NOT_SERVING this long before refusing new steps");
 ABSL_FLAG(int, shutdown_deadline_ms, 10000, "then answer accepted steps for at most this long");
@@ -232,7 +243,18 @@ int Serve() {
     }
     backend = std::move(*cpu);
   }
-  auto metrics = Metrics::Create(absl::GetFlag(FLAGS_metrics_address));
+  const std::string metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  // The gRPC listener's rule for plaintext off loopback, with its own explicit opt-out: the
+  // metrics carry counts, never logits, and a NetworkPolicy may be all an operator wants.
+  if (!metrics_address.empty() && !IsLoopbackAddress(metrics_address) &&
+      !absl::GetFlag(FLAGS_allow_insecure_metrics)) {
+    spdlog::error("--metrics_address={} is not a loopback address, and /metrics is plaintext "
+                  "HTTP: say --allow_insecure_metrics if that is intended (a NetworkPolicy that "
+                  "admits only the scraper), or serve it on 127.0.0.1",
+                  metrics_address);
+    return 2;
+  }
+  auto metrics = Metrics::Create(metrics_address);
   if (!metrics.ok()) {
     spdlog::error("{}", metrics.status().ToString());
     return 2;
@@ -257,6 +279,19 @@ int Serve() {
   options.max_queued_steps = absl::GetFlag(FLAGS_max_queued_steps);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.registration_lease = absl::Milliseconds(absl::GetFlag(FLAGS_registration_lease_ms));
+  const int max_rpc_threads = absl::GetFlag(FLAGS_max_rpc_threads);
+  options.max_open_streams = absl::GetFlag(FLAGS_max_open_streams) > 0
+                                 ? absl::GetFlag(FLAGS_max_open_streams)
+                                 : std::max(1, max_rpc_threads - 16);
+  options.max_streams_per_client = absl::GetFlag(FLAGS_max_streams_per_client);
+  options.max_step_channels = absl::GetFlag(FLAGS_max_step_channels);
+  options.max_channels_per_client = absl::GetFlag(FLAGS_max_channels_per_client);
+  if (options.max_open_streams >= max_rpc_threads || options.max_streams_per_client < 1 ||
+      options.max_step_channels < 1 || options.max_channels_per_client < 1) {
+    spdlog::error("--max_open_streams must be below --max_rpc_threads ({}), and the stream and "
+                  "channel limits at least 1", max_rpc_threads);
+    return 2;
+  }
   const TlsFiles tls{absl::GetFlag(FLAGS_tls_cert_file), absl::GetFlag(FLAGS_tls_key_file),
                      absl::GetFlag(FLAGS_tls_client_ca_file),
                      absl::GetFlag(FLAGS_tls_reload_interval_s)};
@@ -290,6 +325,24 @@ int Serve() {
                        [metrics_ptr](const std::string&, const std::string&) {
                          metrics_ptr->CountGroupFailure();
                        });
+  // Who each plaintext connection is (its uid), learnt at accept by the local listeners.
+  PeerDirectory peers;
+  options.peers = &peers;
+  // Health says NOT_SERVING while no new stream can be opened (every stream slot is held),
+  // and from SIGTERM on; the server is set once it exists.
+  // One lock over both, so a stream slot freed during the drain cannot turn it back to SERVING.
+  absl::Mutex health_mu;
+  grpc::Server* health_server = nullptr;  // guarded by health_mu
+  bool stopping = false;                  // guarded by health_mu
+  options.on_accepting_streams = [&health_mu, &health_server, &stopping](bool accepting) {
+    absl::MutexLock lock(&health_mu);
+    grpc::Server* s = health_server;
+    if (s == nullptr || stopping) return;
+    s->GetHealthCheckService()->SetServingStatus(accepting);
+    s->GetHealthCheckService()->SetServingStatus(kServiceName, accepting);
+    spdlog::warn(accepting ? "streams free again: SERVING"
+                           : "every stream slot is held (--max_open_streams): NOT_SERVING");
+  };
   SamplerService service(*backend, registry, groups, **metrics, options, RandomSeedSource());
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -304,7 +357,11 @@ int Serve() {
   builder.SetMaxReceiveMessageSize(max_bytes);
   builder.SetMaxSendMessageSize(max_bytes);
   int port = 0;
+  int tls_port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);
+  // Plaintext listeners are samplerd's own (server/local_listener.h): it learns each
+  // connection's uid before the connection's first call. TLS stays gRPC's listener.
+  std::vector<std::unique_ptr<LocalListener>> local_listeners;
   if (!listen.empty()) {
     auto credentials =
         ListenerCredentials(tls, listen, absl::GetFlag(FLAGS_allow_insecure_network));
@@ -312,10 +369,19 @@ int Serve() {
       spdlog::error("{}", std::string(credentials.status().message()));
       return 2;
     }
-    builder.AddListeningPort(listen, *credentials, &port);
+    if (tls.cert.empty()) {
+      auto tcp = LocalListener::Bind(listen, 0);
+      if (!tcp.ok()) {
+        spdlog::error("{}", std::string(tcp.status().message()));
+        return 1;
+      }
+      port = (*tcp)->port();
+      local_listeners.push_back(std::move(*tcp));
+    } else {
+      builder.AddListeningPort(listen, *credentials, &tls_port);
+    }
   }
   const std::string unix_socket = absl::GetFlag(FLAGS_unix_socket);
-  mode_t socket_mode = 0600;
   if (!unix_socket.empty()) {
     const std::string text = absl::GetFlag(FLAGS_unix_socket_mode);
     char* end = nullptr;
@@ -325,30 +391,33 @@ int Serve() {
                     absl::GetFlag(FLAGS_unix_socket_mode));
       return 2;
     }
-    socket_mode = static_cast<mode_t>(mode);
-    builder.AddListeningPort("unix:" + unix_socket, grpc::InsecureServerCredentials());
+    auto socket = LocalListener::Bind("unix:" + unix_socket, static_cast<mode_t>(mode));
+    if (!socket.ok()) {
+      spdlog::error("{}", std::string(socket.status().message()));
+      return 1;
+    }
+    local_listeners.push_back(std::move(*socket));
   }
   if (listen.empty() && unix_socket.empty()) {
     spdlog::error("nothing to listen on: set --listen or --unix_socket");
     return 2;
   }
   builder.RegisterService(&service);
-  // The socket is created owner-only (no window in which others may connect), then given its
-  // mode.
-  const mode_t old_umask = umask(0077);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  umask(old_umask);
-  if (server == nullptr || (!listen.empty() && port == 0)) {
+  if (server == nullptr || (!tls.cert.empty() && !listen.empty() && tls_port == 0)) {
     spdlog::error("cannot listen on {}", listen.empty() ? unix_socket : listen);
     return 1;
   }
-  if (!unix_socket.empty() && chmod(unix_socket.c_str(), socket_mode) != 0) {
-    spdlog::error("--unix_socket_mode: chmod {}: {}", unix_socket, std::strerror(errno));
-    return 1;
-  }
+  if (tls_port != 0) port = tls_port;
+  service.SetTlsPort(tls_port);
+  for (auto& listener : local_listeners) listener->Start(server.get(), &peers);
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  health->SetServingStatus(true);
-  health->SetServingStatus(kServiceName, true);
+  {
+    absl::MutexLock lock(&health_mu);
+    health->SetServingStatus(true);
+    health->SetServingStatus(kServiceName, true);
+    health_server = server.get();
+  }
   const BackendInfo info = backend->Info();
   spdlog::info("samplerd {} serving on {}{}{} (port {}), backend {} ({}), metrics {}",
                options.version, listen,
@@ -377,9 +446,15 @@ int Serve() {
   int signal_number = 0;
   sigwait(&signals, &signal_number);
   spdlog::info("received {}: draining", signal_number == SIGTERM ? "SIGTERM" : "SIGINT");
-  health->SetServingStatus(false);
-  health->SetServingStatus(kServiceName, false);
+  {
+    absl::MutexLock lock(&health_mu);
+    stopping = true;
+    health->SetServingStatus(false);
+    health->SetServingStatus(kServiceName, false);
+  }
   std::this_thread::sleep_for(std::chrono::milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
+  // No new connections from here on; those open are drained by Shutdown.
+  for (auto& listener : local_listeners) listener->Stop();
   service.StartDraining();
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(absl::GetFlag(FLAGS_shutdown_deadline_ms)));

@@ -89,6 +89,13 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
   for (const char* why : {"lease_expired", "stream_dropped", "taken_over"}) {
     metrics->released_->Add({{"why", why}});
   }
+  metrics->tls_reload_failures_ =
+      &prometheus::BuildCounter()
+           .Name("samplerd_tls_reload_failures_total")
+           .Help("TLS re-reads that found an unusable key or certificate (the last good pair "
+                 "kept serving)")
+           .Register(registry)
+           .Add({});
   metrics->group_failures_ =
       &prometheus::BuildCounter()
            .Name("samplerd_group_failures_total")
@@ -97,7 +104,12 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
            .Add({});
   if (!address.empty()) {
     try {
-      metrics->exposer_ = std::make_unique<prometheus::Exposer>(address);
+      // Slow or idle clients are cut off after a second (issue 45: two half-sent requests held
+      // both of civetweb's default threads, and every scrape waited over 5 s); a few threads
+      // more than a scraper needs.
+      metrics->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+          "listening_ports", address, "num_threads", "4", "request_timeout_ms",
+          std::to_string(kMetricsRequestTimeoutMs), "enable_keep_alive", "no"});
     } catch (const std::exception& e) {
       return absl::UnavailableError(
           absl::StrCat("metrics_address: cannot serve metrics on ", address, ": ", e.what()));
@@ -110,6 +122,8 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
 }
 
 Metrics::~Metrics() = default;
+
+void Metrics::CountTlsReloadFailure() { tls_reload_failures_->Increment(); }
 
 void Metrics::ObserveStep(StepKind kind, double seconds, int64_t rows, int64_t requests) {
   step_seconds_[KindIndex(kind)]->Observe(seconds);

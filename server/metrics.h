@@ -6,7 +6,8 @@
 // Families: samplerd_step_seconds{kind} (histogram), samplerd_rows_total{kind},
 // samplerd_requests_total{kind}, samplerd_errors_total{code} (step and request faults),
 // samplerd_steps_in_flight, samplerd_registered_buffers, samplerd_group_failures_total
-// (context-parallel groups aborted after an error, a missed deadline or a join timeout).
+// (context-parallel groups aborted after an error, a missed deadline or a join timeout),
+// samplerd_tls_reload_failures_total.
 // Thread-safe.
 #ifndef SAMPLERD_SERVER_METRICS_H_
 #define SAMPLERD_SERVER_METRICS_H_
@@ -56,6 +57,10 @@ class Metrics final {
   // or "taken_over".
   void CountReleasedBuffers(const char* why, int count);
   void CountGroupFailure();
+  // A TLS re-read that found an unusable key or certificate (server/tls_listener.h).
+  void CountTlsReloadFailure();
+  // civetweb's read and write timeout for a metrics client.
+  static constexpr int kMetricsRequestTimeoutMs = 1000;
   // The bound HTTP port, or 0 when not serving.
   int port() const { return port_; }
 
@@ -76,6 +81,7 @@ class Metrics final {
   prometheus::Gauge* open_streams_ = nullptr;
   prometheus::Family<prometheus::Counter>* released_ = nullptr;
   prometheus::Counter* group_failures_ = nullptr;
+  prometheus::Counter* tls_reload_failures_ = nullptr;
   absl::Mutex mu_;  // guards adding labelled children to errors_
 };
 

@@ -1,5 +1,7 @@
 #include "server/owner_leases.h"
 
+#include <algorithm>
+
 namespace samplerd {
 
 bool OwnerLeases::Expired(const Entry& e, absl::Time now) const {
@@ -61,6 +63,17 @@ bool OwnerLeases::Alive(const std::string& owner, absl::Time now) const {
   absl::MutexLock lock(&mu_);
   auto it = owners_.find(owner);
   return it != owners_.end() && it->second.tracked && !Expired(it->second, now);
+}
+
+std::optional<absl::Duration> OwnerLeases::LeaseLeft(const std::string& owner,
+                                                     absl::Time now) const {
+  absl::MutexLock lock(&mu_);
+  auto it = owners_.find(owner);
+  if (it == owners_.end() || !it->second.tracked || it->second.open_streams > 0 ||
+      lease_ <= absl::ZeroDuration()) {
+    return std::nullopt;
+  }
+  return std::max(absl::ZeroDuration(), lease_ - (now - it->second.last_call));
 }
 
 void OwnerLeases::Forget(const std::string& owner) {

@@ -14,6 +14,7 @@
 #ifndef SAMPLERD_SERVER_OWNER_LEASES_H_
 #define SAMPLERD_SERVER_OWNER_LEASES_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,10 @@ class OwnerLeases {
   std::vector<std::string> TakeExpired(absl::Time now);
   // Whether `owner` is tracked and alive at `now` (an open stream, or a call within the lease).
   bool Alive(const std::string& owner, absl::Time now) const;
+  // How long until `owner`'s lease runs out at `now` if it makes no call: nullopt while it has
+  // an open stream or is not tracked (or leases never expire). What a registration refused
+  // ALREADY_EXISTS for a name of `owner` may wait before trying again (a dead owner's name).
+  std::optional<absl::Duration> LeaseLeft(const std::string& owner, absl::Time now) const;
   // Stops tracking `owner` (released, or it owns nothing any more).
   void Forget(const std::string& owner);
 

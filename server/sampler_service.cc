@@ -26,6 +26,10 @@ std::string RandomServerId() {
 // gRPC metadata naming the client instance (a random id the client libraries send): the
 // draft pool scope that survives reconnects and is shared by a worker's calls and streams.
 constexpr char kClientIdMetadata[] = "samplerd-client-id";
+// Trailing metadata of an ALREADY_EXISTS registration: milliseconds until the name's holder,
+// alive by its lease alone, would be gone if it makes no call (the clients wait that long once
+// and try again: a restarted worker's predecessor's name).
+constexpr char kRetryAfterMetadata[] = "samplerd-retry-after-ms";
 
 int64_t Micros(Clock::duration d) {
   return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
@@ -199,6 +203,17 @@ void SamplerService::DropChannels(const std::string& owner, const char* why) {
     spdlog::info("closed {} step channels of {}: {}", dropped.size(), owner, why);
   }
 }  // their threads are joined here, unlocked
+
+int SamplerService::OwnedChannelsLocked(const std::string& owner) const {
+  int owned = 0;
+  for (const auto& [id, entry] : channels_) owned += entry.owner == owner;
+  return owned;
+}
+
+int SamplerService::OwnedChannels(const std::string& owner) {
+  absl::MutexLock lock(&channels_mu_);
+  return OwnedChannelsLocked(owner);
+}
 
 void SamplerService::ReleaseOwner(const std::string& owner, const char* why) {
   DropChannels(owner, why);
@@ -377,14 +392,81 @@ absl::Status SamplerService::Guard(const grpc::ServerContext& context, absl::str
 }
 
 std::string SamplerService::ClientScope(const grpc::ServerContext& context) const {
-  const std::string certificate = options_.access.ScopePrefix(context);
+  std::string transport = options_.access.ScopePrefix(context);  // "cert:<SAN>/" under mTLS
+  PeerDirectory::Peer peer;
+  if (options_.peers != nullptr) {
+    peer = options_.peers->Find(context.peer());
+  } else {
+    peer.address = context.peer();
+  }
+  if (transport.empty() && peer.uid.has_value()) transport = absl::StrCat("uid:", *peer.uid, "/");
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(kClientIdMetadata);
   if (it != metadata.end() && !it->second.empty()) {
     const absl::string_view id(it->second.data(), it->second.size());
-    return absl::StrCat(certificate, "id:", id);
+    return absl::StrCat(transport, "id:", id);
   }
-  return absl::StrCat(certificate, "peer:", context.peer());
+  // No id: the connection is the client (a descriptor number is reused, its serial is not).
+  if (peer.connection != 0) {
+    return absl::StrCat(transport, "peer:", peer.address, "#", peer.connection);
+  }
+  return absl::StrCat(transport, "peer:", peer.address);
+}
+
+std::optional<uint32_t> SamplerService::PeerUid(const grpc::ServerContext& context) const {
+  const std::string peer = context.peer();
+  if (options_.peers != nullptr) {
+    const PeerDirectory::Peer found = options_.peers->Find(peer);
+    if (found.connection != 0) return found.uid;
+  }
+  const int port = tls_port_.load();
+  if (port > 0) return PeerUidByAddress(peer, port);
+  return std::nullopt;
+}
+
+absl::StatusOr<ShmOpenOptions> SamplerService::ShmOptionsFor(const grpc::ServerContext& context,
+                                                             absl::string_view field) const {
+  ShmOpenOptions shm = registry_.shm_options();
+  if (options_.peers == nullptr) return shm;  // in-process: no transport identities at all
+  shm.opener = PeerUid(context);
+  if (!shm.opener.has_value()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        field, ": samplerd cannot tell which local user this client is (a client on another "
+        "host, or one it cannot see), and registers shared memory only for a client whose uid "
+        "it knows and who owns the object: connect over the unix socket or TCP from this host"));
+  }
+  return shm;
+}
+
+absl::Status SamplerService::AdmitStream(const std::string& client) {
+  absl::MutexLock lock(&streams_mu_);
+  if (open_streams_ >= options_.max_open_streams) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "SampleStream: ", open_streams_, " streams are open, the server's limit "
+        "(--max_open_streams); unary Sample still answers"));
+  }
+  int& mine = streams_by_client_[client];
+  if (mine >= options_.max_streams_per_client) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "SampleStream: this client has ", mine, " streams open, the limit of one client "
+        "(--max_streams_per_client)"));
+  }
+  ++mine;
+  ++open_streams_;
+  // Under the lock, so that the health transitions come in the order the counts change.
+  if (open_streams_ == options_.max_open_streams && options_.on_accepting_streams) {
+    options_.on_accepting_streams(false);
+  }
+  return absl::OkStatus();
+}
+
+void SamplerService::EndStream(const std::string& client) {
+  absl::MutexLock lock(&streams_mu_);
+  auto it = streams_by_client_.find(client);
+  if (it != streams_by_client_.end() && --it->second <= 0) streams_by_client_.erase(it);
+  if (open_streams_-- == options_.max_open_streams && options_.on_accepting_streams) {
+    options_.on_accepting_streams(true);
+  }
 }
 
 grpc::Status SamplerService::Sample(grpc::ServerContext* context, const v1::SampleRequest* request,
@@ -402,6 +484,13 @@ grpc::Status SamplerService::SampleStream(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::SampleResponse, v1::SampleRequest>* stream) {
   const std::string pool_scope = ClientScope(*context);
+  // A bounded number of streams, of all clients and of this one (each holds a thread): one
+  // client cannot take every thread (issue 45).
+  if (absl::Status admitted = AdmitStream(pool_scope); !admitted.ok()) {
+    metrics_.CountError(admitted.code());
+    spdlog::warn("{} refused: {}", pool_scope, std::string(admitted.message()));
+    return ToGrpcStatus(admitted);
+  }
   // While the stream is open its client is alive; a stream that drops (its client went away
   // without closing it: a killed worker) releases the client's registrations at once.
   leases_.StreamOpened(pool_scope, absl::Now());
@@ -412,6 +501,7 @@ grpc::Status SamplerService::SampleStream(
     grpc::ServerContext* context;
     bool written = true;
     ~StreamEnd() {
+      service.EndStream(client);
       service.metrics_.AddOpenStreams(-1);
       if (service.leases_.StreamEnded(client, context->IsCancelled() || !written, absl::Now())) {
         service.ReleaseOwner(client, "stream_dropped");
@@ -445,22 +535,41 @@ grpc::Status SamplerService::RegisterBuffer(grpc::ServerContext* context,
   }
   const Clock::time_point start = Clock::now();
   const std::string owner = ClientScope(*context);
-  leases_.Track(owner, absl::Now());
-  absl::StatusOr<v1::BufferInfo> registered = registry_.Register(*request, owner);
+  absl::StatusOr<ShmOpenOptions> shm = registry_.shm_options();
+  if (request->kind() == v1::HOST_SHM) shm = ShmOptionsFor(*context, "shm_name");
+  absl::StatusOr<v1::BufferInfo> registered =
+      shm.ok() ? registry_.Register(*request, owner, &*shm) : shm.status();
   if (registered.status().code() == absl::StatusCode::kAlreadyExists) {
-    // A name whose owner is gone (a restarted worker's predecessor, killed before its lease
-    // ran out and not yet reaped) is taken over; one whose owner is alive stays its.
     const std::string holder = registry_.OwnerOf(request->name());
-    if (!holder.empty() && holder != owner && !leases_.Alive(holder, absl::Now())) {
+    if (holder == owner) {
+      // The same client registers the name again: its new region replaces the old (a worker
+      // restarted under a stable client_id takes over its predecessor's names at once).
+      (void)registry_.Unregister(request->name(), owner);
+      registered = registry_.Register(*request, owner, &*shm);
+    } else if (!holder.empty() && !leases_.Alive(holder, absl::Now())) {
+      // A name whose owner is gone (a restarted worker's predecessor, killed before its lease
+      // ran out and not yet reaped) is taken over; one whose owner is alive stays its.
       ReleaseOwner(holder, "taken_over");
-      registered = registry_.Register(*request, owner);
+      registered = registry_.Register(*request, owner, &*shm);
     }
   }
   metrics_.SetRegisteredBuffers(registry_.Size(), registry_.BytesHeld());
+  if (registered.status().code() == absl::StatusCode::kAlreadyExists) {
+    // Held by a client alive by its lease alone (no stream): perhaps a killed worker whose
+    // replacement is registering now. Its lease's remaining time says when to try again.
+    const std::optional<absl::Duration> left =
+        leases_.LeaseLeft(registry_.OwnerOf(request->name()), absl::Now());
+    if (left.has_value()) {
+      context->AddTrailingMetadata(kRetryAfterMetadata,
+                                   std::to_string(absl::ToInt64Milliseconds(*left) + 1));
+    }
+  }
   if (!registered.ok()) {
     spdlog::warn("RegisterBuffer '{}': {}", request->name(), registered.status().ToString());
     return ToGrpcStatus(registered.status());
   }
+  // Tracked once it owns something: a failed call leaves no lease entry behind (issue 45).
+  leases_.Track(owner, absl::Now());
   response->set_server_id(server_id_);
   // Registration's cost (opening, mapping, pinning) is paid once, here: logged.
   std::string pinning;
@@ -481,9 +590,13 @@ grpc::Status SamplerService::UnregisterBuffer(grpc::ServerContext* context,
   if (absl::Status denied = Guard(*context, "UnregisterBuffer"); !denied.ok()) {
     return ToGrpcStatus(denied);
   }
-  leases_.Touch(ClientScope(*context), absl::Now());
-  const absl::Status status = registry_.Unregister(request->name());
+  const std::string owner = ClientScope(*context);
+  leases_.Touch(owner, absl::Now());
+  const absl::Status status = registry_.Unregister(request->name(), owner);
   metrics_.SetRegisteredBuffers(registry_.Size(), registry_.BytesHeld());
+  if (status.ok() && registry_.CountOwnedBy(owner) == 0 && OwnedChannels(owner) == 0) {
+    leases_.Forget(owner);  // owns nothing any more: no lease entry to keep
+  }
   if (status.ok()) spdlog::info("unregistered buffer '{}'", request->name());
   return ToGrpcStatus(status);
 }
@@ -494,8 +607,10 @@ grpc::Status SamplerService::ListBuffers(grpc::ServerContext* context,
   if (absl::Status denied = Guard(*context, "ListBuffers"); !denied.ok()) {
     return ToGrpcStatus(denied);
   }
-  leases_.Touch(ClientScope(*context), absl::Now());
-  for (v1::BufferInfo& info : registry_.List()) *response->add_buffers() = std::move(info);
+  // A client sees its own regions only: owner ids are not public (issue 45).
+  const std::string owner = ClientScope(*context);
+  leases_.Touch(owner, absl::Now());
+  for (v1::BufferInfo& info : registry_.List(owner)) *response->add_buffers() = std::move(info);
   return grpc::Status::OK;
 }
 
@@ -619,7 +734,6 @@ grpc::Status SamplerService::OpenStepChannel(grpc::ServerContext* context,
     return ToGrpcStatus(denied);
   }
   const std::string owner = ClientScope(*context);
-  leases_.Track(owner, absl::Now());
   if (draining_.load()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "samplerd is shutting down");
   if (request->capacity_bytes() > options_.max_message_bytes) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -627,30 +741,48 @@ grpc::Status SamplerService::OpenStepChannel(grpc::ServerContext* context,
                                      " exceeds the server's max_message_bytes of ",
                                      options_.max_message_bytes));
   }
+  absl::StatusOr<ShmOpenOptions> shm = ShmOptionsFor(*context, "shm_name");
+  if (!shm.ok()) return ToGrpcStatus(shm.status());
   DropChannels("", nullptr);  // those their workers closed
   {
+    // The limits are checked and the slot taken under one lock (issue 45: 160 concurrent opens
+    // got 65 channels of 64).
     absl::MutexLock lock(&channels_mu_);
-    if (channels_.size() >= kMaxStepChannels) {
+    const int total = static_cast<int>(channels_.size()) + opening_total_;
+    if (total >= options_.max_step_channels) {
       return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          absl::StrCat(kMaxStepChannels, " step channels are open"));
+                          absl::StrCat(total, " step channels are open, the server's limit"));
     }
+    const int mine = OwnedChannelsLocked(owner) + (opening_.contains(owner) ? opening_[owner] : 0);
+    if (mine >= options_.max_channels_per_client) {
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          absl::StrCat("this client has ", mine, " step channels open, the "
+                                       "limit of one client (--max_channels_per_client)"));
+    }
+    ++opening_[owner];
+    ++opening_total_;
   }
   auto channel = StepChannel::Open(
-      request->shm_name(), request->capacity_bytes(), registry_.shm_options(),
+      request->shm_name(), request->capacity_bytes(), *shm,
       [this, owner](const v1::SampleRequest& step, v1::SampleResponse* answer) {
         AnswerStep(step, owner, /*privileged=*/true, answer);  // opening it was guarded
       });
+  std::string id;
+  {
+    absl::MutexLock lock(&channels_mu_);
+    if (--opening_[owner] <= 0) opening_.erase(owner);
+    --opening_total_;
+    if (channel.ok()) {
+      id = absl::StrCat("channel-", ++next_channel_);
+      channels_[id] = OwnedChannel{owner, *std::move(channel)};
+      metrics_.SetStepChannels(static_cast<int>(channels_.size()));
+    }
+  }
   if (!channel.ok()) {
     spdlog::warn("OpenStepChannel '{}': {}", request->shm_name(), channel.status().ToString());
     return ToGrpcStatus(channel.status());
   }
-  std::string id;
-  {
-    absl::MutexLock lock(&channels_mu_);
-    id = absl::StrCat("channel-", ++next_channel_);
-    channels_[id] = OwnedChannel{owner, *std::move(channel)};
-    metrics_.SetStepChannels(static_cast<int>(channels_.size()));
-  }
+  leases_.Track(owner, absl::Now());  // only once it owns the channel (issue 45)
   spdlog::info("opened step channel {} on '{}' ({} bytes a direction) for {}", id,
                request->shm_name(), request->capacity_bytes(), owner);
   response->set_channel_id(id);

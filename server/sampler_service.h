@@ -14,6 +14,8 @@
 #define SAMPLERD_SERVER_SAMPLER_SERVICE_H_
 
 #include <atomic>
+#include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,6 +31,7 @@
 #include "server/group_registry.h"
 #include "server/metrics.h"
 #include "server/owner_leases.h"
+#include "server/peer_identity.h"
 #include "server/step_channel.h"
 
 namespace samplerd {
@@ -44,6 +47,19 @@ struct ServiceOptions {
   absl::Duration registration_lease = absl::Seconds(5);
   // Which callers may change the server's state (server/access_policy.h); default: all.
   AccessPolicy access;
+  // Who each connection samplerd accepted itself is (server/peer_identity.h); null: nobody's
+  // uid is known (in-process tests), so scopes are client ids alone.
+  PeerDirectory* peers = nullptr;
+  // SampleStreams open at once: over all clients (below gRPC's --max_rpc_threads, so unary
+  // calls, GetServerInfo and health always find a thread), and of one client (its scope).
+  int max_open_streams = 240;
+  int max_streams_per_client = 64;
+  // Step channels open at once (each holds a thread): over all clients, and of one client.
+  int max_step_channels = 64;
+  int max_channels_per_client = 8;
+  // Called with false when no new stream can be opened (max_open_streams reached), with true
+  // once one can again: main turns health NOT_SERVING meanwhile.
+  std::function<void(bool)> on_accepting_streams;
 };
 
 class SamplerService final : public v1::Sampler::Service {
@@ -79,14 +95,16 @@ class SamplerService final : public v1::Sampler::Service {
                                const v1::OpenStepChannelRequest* request,
                                v1::OpenStepChannelResponse* response) override;
 
-  // Step channels open at once, over all clients (each holds a thread).
-  static constexpr int kMaxStepChannels = 64;
-
-  // The calling client: its `samplerd-client-id` metadata, else its peer address, under its
-  // verified client certificate's identity when it has one (so that an id cannot reach another
-  // certificate's drafts or registrations). It scopes the client's draft pool entries and owns
-  // its registrations.
+  // The calling client: its `samplerd-client-id` metadata, else its connection, under what the
+  // transport says it is: its verified client certificate's identity, else its uid (the unix
+  // socket's SO_PEERCRED, or a TCP client's socket owner on this host). So an id cannot reach
+  // another certificate's or another user's drafts or registrations. It scopes the client's
+  // draft pool entries, owns its registrations and step channels, and counts its streams.
   std::string ClientScope(const grpc::ServerContext& context) const;
+  // The caller's uid where the transport can tell (see ClientScope), else nullopt.
+  std::optional<uint32_t> PeerUid(const grpc::ServerContext& context) const;
+  // The port of gRPC's own (TLS) listener, for PeerUid's look-up of a TLS client on this host.
+  void SetTlsPort(int port) { tls_port_.store(port); }
 
   // From now on steps are refused with UNAVAILABLE; steps already admitted are answered.
   void StartDraining() { draining_.store(true); }
@@ -147,6 +165,24 @@ class SamplerService final : public v1::Sampler::Service {
   absl::Mutex channels_mu_;
   absl::flat_hash_map<std::string, OwnedChannel> channels_ ABSL_GUARDED_BY(channels_mu_);
   int64_t next_channel_ ABSL_GUARDED_BY(channels_mu_) = 0;
+  // Channels being opened (counted against the limits before StepChannel::Open, so that
+  // concurrent opens cannot exceed them), by owner.
+  absl::flat_hash_map<std::string, int> opening_ ABSL_GUARDED_BY(channels_mu_);
+  int opening_total_ ABSL_GUARDED_BY(channels_mu_) = 0;
+  int OwnedChannelsLocked(const std::string& owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(channels_mu_);
+  int OwnedChannels(const std::string& owner);
+  // How a HOST_SHM object (a region or a step channel) is opened for this caller: as its uid
+  // (ShmOpenOptions::opener); PERMISSION_DENIED naming `field` when samplerd cannot tell it.
+  absl::StatusOr<ShmOpenOptions> ShmOptionsFor(const grpc::ServerContext& context,
+                                               absl::string_view field) const;
+  // Open SampleStreams, in all and by client scope.
+  absl::Mutex streams_mu_;
+  int open_streams_ ABSL_GUARDED_BY(streams_mu_) = 0;
+  absl::flat_hash_map<std::string, int> streams_by_client_ ABSL_GUARDED_BY(streams_mu_);
+  // Takes a stream slot for `client`, or says which limit is reached.
+  absl::Status AdmitStream(const std::string& client);
+  void EndStream(const std::string& client);
+  std::atomic<int> tls_port_{0};
   // Closes and logs the owner's channels (`why`: ReleaseOwner's reason), or with owner ""
   // those their workers closed.
   void DropChannels(const std::string& owner, const char* why);

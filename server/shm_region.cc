@@ -143,6 +143,11 @@ absl::StatusOr<std::unique_ptr<ShmRegion>> ShmRegion::Open(const std::string& sh
         ", which the server does not accept (--shm_allowed_uids; default: the server's own uid ",
         geteuid(), ")")));
   }
+  if (options.opener.has_value() && *options.opener != 0 && info.st_uid != *options.opener) {
+    return fail(absl::PermissionDeniedError(absl::StrCat(
+        "shm_name: '", shm_name, "' is owned by uid ", info.st_uid, ", not by the calling "
+        "client's uid ", *options.opener, ": a client may register only shared memory it owns")));
+  }
   if (info.st_size < byte_size) {
     return fail(absl::FailedPreconditionError(absl::StrCat(
         "byte_size: ", byte_size, " exceeds the ", static_cast<int64_t>(info.st_size),

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,10 @@ struct ShmOpenOptions {
   std::vector<uid_t> allowed_owners;
   // Mapped read-write (a step channel, which samplerd answers into); else read-only.
   bool writable = false;
+  // The uid of the client asking (issue 45: samplerd must not be a deputy that reads for a
+  // client what it could not read itself). Set and not 0 (root opens anything): the object
+  // must be owned by it, besides being owned by an allowed uid.
+  std::optional<uid_t> opener;
 };
 
 class ShmRegion final {

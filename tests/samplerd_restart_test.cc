@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "client/sampler_client.h"
 #include "client/shm_buffer.h"
 #include "sampler/cpu_backend.h"
@@ -222,7 +223,8 @@ TEST(SamplerdRestart, DecodeLoopSurvivesRestartsWithoutCodeOfItsOwn) {
   ASSERT_TRUE(listed.ok());
   ASSERT_EQ(listed->buffers_size(), 1);
   EXPECT_EQ(listed->buffers(0).name(), "decode-logits");
-  EXPECT_EQ(listed->buffers(0).owner(), "id:" + (*client)->client_id());
+  EXPECT_EQ(listed->buffers(0).owner(),
+            absl::StrCat("uid:", geteuid(), "/id:", (*client)->client_id()));
   EXPECT_TRUE(Maps(server.pid(), (*shm)->shm_name())) << (*shm)->shm_name();
   EXPECT_EQ(ShmEntries(prefix), 0);
   EXPECT_TRUE((*stream)->Close().ok());

@@ -25,6 +25,7 @@ namespace samplerd {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string g_samplerd;
 std::string g_fake_worker;
@@ -352,17 +353,40 @@ TEST_F(ServerE2E, BufferLifecycle) {
   ASSERT_TRUE(shm.ok());
   ASSERT_TRUE(client_->RegisterShm("logits", **shm).ok());
   EXPECT_TRUE((*shm)->unlinked());  // samplerd has it: the name is gone from /dev/shm
-  // A second object (RegisterShm unlinked the first one's name) under the same name.
+  // A second object (RegisterShm unlinked the first one's name) under the same name: another
+  // client may not take it (whose it is stays unsaid); the same client replaces its own region
+  // (issue 45: a worker restarted under a stable client_id takes over its names at once).
   auto other = ShmBuffer::Create("/samplerd-e2e-life2-" + std::to_string(getpid()), 4096);
   ASSERT_TRUE(other.ok());
-  EXPECT_EQ(client_->RegisterShm("logits", **other).code(), absl::StatusCode::kAlreadyExists);
+  auto connected = SamplerClient::Connect(server_->target());
+  ASSERT_TRUE(connected.ok());
+  std::unique_ptr<SamplerClient>& stranger = *connected;
+  const absl::Status taken = stranger->RegisterShm("logits", **other);
+  EXPECT_EQ(taken.code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(taken.message()), HasSubstr("by another client"));
+  EXPECT_THAT(std::string(taken.message()), Not(HasSubstr(client_->client_id())));
+  auto third = ShmBuffer::Create("/samplerd-e2e-life3-" + std::to_string(getpid()), 4096);
+  ASSERT_TRUE(third.ok());
+  EXPECT_TRUE(client_->RegisterShm("logits", **third).ok());
   auto list = client_->ListBuffers();
   ASSERT_TRUE(list.ok());
   ASSERT_EQ(list->buffers_size(), 1);
   EXPECT_EQ(list->buffers(0).name(), "logits");
   EXPECT_EQ(list->buffers(0).byte_size(), 4096);
   EXPECT_EQ(list->buffers(0).in_use(), 0);
-  EXPECT_EQ(list->buffers(0).owner(), "id:" + client_->client_id());
+  EXPECT_EQ(list->buffers(0).owner(),
+            absl::StrCat("uid:", geteuid(), "/id:", client_->client_id()));
+  // Another client sees none of it, and can neither read nor remove it.
+  auto theirs = stranger->ListBuffers();
+  ASSERT_TRUE(theirs.ok());
+  EXPECT_EQ(theirs->buffers_size(), 0);
+  EXPECT_EQ(stranger->UnregisterBuffer("logits").code(), absl::StatusCode::kNotFound);
+  v1::SampleRequest borrowed = SmallStep(2);
+  borrowed.mutable_logits()->clear_values();
+  borrowed.mutable_logits()->mutable_buffer()->set_name("logits");
+  borrowed.mutable_logits()->set_dtype(v1::FLOAT32);
+  EXPECT_EQ(stranger->Sample(borrowed).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(client_->Sample(borrowed).ok());
   v1::RegisterBufferRequest missing;
   missing.set_name("missing");
   missing.set_kind(v1::HOST_SHM);
@@ -437,26 +461,6 @@ TEST_F(ServerE2E, BusyServerAnswersResourceExhaustedAtOnce) {
   EXPECT_GT(refused.load(), 0);
   EXPECT_GT(answered.load(), 0);
   EXPECT_EQ(refused.load() + answered.load(), 40);
-}
-
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
-  const std::string request = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
-  (void)!write(fd, request.data(), request.size());
-  std::string out;
-  char buffer[4096];
-  ssize_t n;
-  while ((n = read(fd, buffer, sizeof(buffer))) > 0) out.append(buffer, n);
-  close(fd);
-  return out;
 }
 
 TEST_F(ServerE2E, PrometheusMetricsCountSteps) {

@@ -8,13 +8,17 @@
 #ifndef SAMPLERD_TESTS_SERVER_PROCESS_H_
 #define SAMPLERD_TESTS_SERVER_PROCESS_H_
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -130,6 +134,35 @@ class ServerProcess {
   int port_ = 0;
   int metrics_port_ = 0;
 };
+
+// The body and headers of an HTTP/1.0 GET of 127.0.0.1:`port``path` ("" when it cannot
+// connect): the metrics endpoint.
+inline std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string request = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  (void)!write(fd, request.data(), request.size());
+  std::string out;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = read(fd, buffer, sizeof(buffer))) > 0) out.append(buffer, n);
+  close(fd);
+  return out;
+}
+
+// The value of the unlabelled Prometheus sample `name` in `metrics` text, or -1.
+inline double MetricValue(const std::string& metrics, const std::string& name) {
+  const size_t at = metrics.find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return std::strtod(metrics.c_str() + at + name.size() + 2, nullptr);
+}
 
 // Runs `argv` to completion; returns its exit code.
 inline int RunProcess(std::vector<std::string> argv) {

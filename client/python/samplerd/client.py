@@ -130,6 +130,18 @@ def _cuda_registration(region: CudaRegion):
                                     byte_size=region.byte_size)
 
 
+def _name_wait(error: SamplerError, deadline: float) -> Optional[float]:
+    """How long to wait before registering again after `error`, or None to raise it: an
+    ALREADY_EXISTS whose holder samplerd keeps only for its lease (retry_after), while the
+    deadline allows."""
+    if error.code != grpc.StatusCode.ALREADY_EXISTS or error.retry_after is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return None
+    return min(error.retry_after + 0.02, left)
+
+
 _SHUTTING_DOWN = "samplerd is shutting down"  # a draining samplerd's refusal of a step
 
 
@@ -326,7 +338,16 @@ class SamplerClient(_Base):
 
     def _register(self, request, region):
         self._register_again_if_needed()
-        reply = self._call("RegisterBuffer", request)
+        deadline = time.monotonic() + self._reconnect_timeout
+        while True:
+            try:
+                reply = self._call("RegisterBuffer", request)
+                break
+            except SamplerError as e:
+                wait = _name_wait(e, deadline)
+                if wait is None:
+                    raise
+                time.sleep(wait)
         with self._registrations_lock:
             self._note_registered(request, region, reply.server_id)
         self._start_keepalive()
@@ -345,9 +366,15 @@ class SamplerClient(_Base):
         /dev/shm: samplerd has mapped it, the memory lives in the two mappings, and a crash
         leaves no name behind. The registration is this client's: samplerd keeps it while the
         client is alive (its calls, and the keep-alive it sends by itself every lease / 3 from
-        its first registration on) and releases it when the client is gone."""
-        self._register(_shm_registration(region, name), region)
-        region.unlink()
+        its first registration on) and releases it when the client is gone.
+
+        A name held by a client that samplerd keeps only for its lease (a killed worker this
+        one replaces) is waited for, at most reconnect_timeout; the same client_id takes its
+        own names over at once. A failed registration unlinks the name too."""
+        try:
+            self._register(_shm_registration(region, name), region)
+        finally:
+            region.unlink()
         region.buffer_name = name or region.name
         return region.buffer_name
 
@@ -604,7 +631,16 @@ class AsyncSamplerClient(_Base):
 
     async def _register(self, request, region):
         await self._register_again_if_needed()
-        reply = await self._call("RegisterBuffer", request)
+        deadline = time.monotonic() + self._reconnect_timeout
+        while True:
+            try:
+                reply = await self._call("RegisterBuffer", request)
+                break
+            except SamplerError as e:
+                wait = _name_wait(e, deadline)
+                if wait is None:
+                    raise
+                await asyncio.sleep(wait)
         self._note_registered(request, region, reply.server_id)
         self._start_keepalive()
 
@@ -618,8 +654,10 @@ class AsyncSamplerClient(_Base):
 
     async def register_shm(self, region: ShmRegion, name: Optional[str] = None) -> str:
         """As SamplerClient.register_shm (the keep-alive is a task on this event loop)."""
-        await self._register(_shm_registration(region, name), region)
-        region.unlink()
+        try:
+            await self._register(_shm_registration(region, name), region)
+        finally:
+            region.unlink()
         region.buffer_name = name or region.name
         return region.buffer_name
 

@@ -135,7 +135,7 @@ def test_a_killed_workers_channel_is_closed_within_the_lease(lease_server):
     killed = time.monotonic()
     worker.send_signal(signal.SIGKILL)
     worker.wait()
-    closed = "closed 1 step channels of id:chan-worker: lease_expired"
+    closed = f"closed 1 step channels of uid:{os.geteuid()}/id:chan-worker: lease_expired"
     while closed not in log_text(lease_server) and time.monotonic() - killed < LEASE_MS / 1000 + 2:
         time.sleep(0.02)
     assert closed in log_text(lease_server)

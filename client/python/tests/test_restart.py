@@ -115,7 +115,7 @@ def test_blocking_decode_loop_survives_restarts(tmp_path, reference):
         got = answer(client.sample(write_step(region, 34), requests(34), step_id=35))
         assert got == reference[34]
         [info] = client.list_buffers()
-        assert (info.name, info.owner) == ("decode-logits", "id:" + client.client_id)
+        assert (info.name, info.owner) == ("decode-logits", f"uid:{os.geteuid()}/id:{client.client_id}")
         assert shm_names(prefix) == []
         client.unregister("decode-logits")
     region.close()

@@ -119,6 +119,11 @@ def test_client_outside_the_allowlist_may_only_sample_inline(tls_server, pki):
             code, message = error_of(attempt)
             assert code == grpc.StatusCode.PERMISSION_DENIED
             assert "worker-b.llm.svc" in message and "--tls_allowed_clients" in message
+        # A failed registration unlinked the region's name (issue 45): a fresh one.
+        del view
+        region.close()
+        region = samplerd.ShmRegion(4 * 4)
+        view = region.ndarray((1, 4))
         # A region the allowed client registered: the other may not name it in a step, even
         # under the same client id (scopes are per certificate identity).
         owner.register_shm(region)
