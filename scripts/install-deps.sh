@@ -8,6 +8,7 @@ packages=(
   bazel-bootstrap bazel-rules-java g++ git
   libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc grpc-proto
   libgtest-dev libgmock-dev libspdlog-dev libfmt-dev prometheus-cpp-dev libbenchmark-dev
+  libssl-dev
 )
 if [[ ${1:-} != build ]]; then
   # Python tests: the client's, run-local's NumPy reference, the deploy/ checks (their PyPI

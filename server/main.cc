@@ -69,6 +69,9 @@ ABSL_FLAG(std::vector<std::string>, tls_allowed_clients, {},
           "OpenStepChannel) and name registered buffers, groups or CUDA events in steps; other "
           "clients may only sample with inline logits. Empty: every client may");
 ABSL_FLAG(int, tls_reload_interval_s, 60, "how often the TLS files are re-read (seconds)");
+ABSL_FLAG(std::string, tls_state_dir, "",
+          "a writable directory for the checked copies of the TLS files that gRPC reads "
+          "(default $TMPDIR or /tmp; a read-only root filesystem needs a volume here)");
 ABSL_FLAG(bool, allow_insecure_network, false,
           "serve plaintext on a non-loopback --listen address (refused otherwise; say it only "
           "where something else, such as a service mesh, encrypts the traffic)");
@@ -294,7 +297,8 @@ int Serve() {
   }
   const TlsFiles tls{absl::GetFlag(FLAGS_tls_cert_file), absl::GetFlag(FLAGS_tls_key_file),
                      absl::GetFlag(FLAGS_tls_client_ca_file),
-                     absl::GetFlag(FLAGS_tls_reload_interval_s)};
+                     absl::GetFlag(FLAGS_tls_reload_interval_s),
+                     absl::GetFlag(FLAGS_tls_state_dir)};
   const std::vector<std::string> allowed_clients = absl::GetFlag(FLAGS_tls_allowed_clients);
   if (!allowed_clients.empty() && tls.client_ca.empty()) {
     spdlog::error("--tls_allowed_clients: client identities need mutual TLS "
@@ -362,9 +366,12 @@ int Serve() {
   // Plaintext listeners are samplerd's own (server/local_listener.h): it learns each
   // connection's uid before the connection's first call. TLS stays gRPC's listener.
   std::vector<std::unique_ptr<LocalListener>> local_listeners;
+  std::unique_ptr<TlsMirror> tls_mirror;  // TLS: the checked copies gRPC reads
   if (!listen.empty()) {
-    auto credentials =
-        ListenerCredentials(tls, listen, absl::GetFlag(FLAGS_allow_insecure_network));
+    Metrics* counted = metrics->get();
+    auto credentials = ListenerCredentials(
+        tls, listen, absl::GetFlag(FLAGS_allow_insecure_network),
+        [counted](const absl::Status&) { counted->CountTlsReloadFailure(); });
     if (!credentials.ok()) {
       spdlog::error("{}", std::string(credentials.status().message()));
       return 2;
@@ -378,7 +385,8 @@ int Serve() {
       port = (*tcp)->port();
       local_listeners.push_back(std::move(*tcp));
     } else {
-      builder.AddListeningPort(listen, *credentials, &tls_port);
+      builder.AddListeningPort(listen, credentials->credentials, &tls_port);
+      tls_mirror = std::move(credentials->mirror);
     }
   }
   const std::string unix_socket = absl::GetFlag(FLAGS_unix_socket);

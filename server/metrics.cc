@@ -89,6 +89,11 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
   for (const char* why : {"lease_expired", "stream_dropped", "taken_over"}) {
     metrics->released_->Add({{"why", why}});
   }
+  metrics->tracked_clients_ = &prometheus::BuildGauge()
+                                   .Name("samplerd_tracked_clients")
+                                   .Help("Clients that own registered buffers or step channels")
+                                   .Register(registry)
+                                   .Add({});
   metrics->tls_reload_failures_ =
       &prometheus::BuildCounter()
            .Name("samplerd_tls_reload_failures_total")
@@ -122,6 +127,8 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
 }
 
 Metrics::~Metrics() = default;
+
+void Metrics::SetTrackedClients(int count) { tracked_clients_->Set(count); }
 
 void Metrics::CountTlsReloadFailure() { tls_reload_failures_->Increment(); }
 

@@ -76,6 +76,13 @@ std::optional<absl::Duration> OwnerLeases::LeaseLeft(const std::string& owner,
   return std::max(absl::ZeroDuration(), lease_ - (now - it->second.last_call));
 }
 
+int OwnerLeases::Tracked() const {
+  absl::MutexLock lock(&mu_);
+  int tracked = 0;
+  for (const auto& [owner, entry] : owners_) tracked += entry.tracked;
+  return tracked;
+}
+
 void OwnerLeases::Forget(const std::string& owner) {
   absl::MutexLock lock(&mu_);
   auto it = owners_.find(owner);

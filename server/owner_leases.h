@@ -49,6 +49,8 @@ class OwnerLeases {
   // an open stream or is not tracked (or leases never expire). What a registration refused
   // ALREADY_EXISTS for a name of `owner` may wait before trying again (a dead owner's name).
   std::optional<absl::Duration> LeaseLeft(const std::string& owner, absl::Time now) const;
+  // Owners tracked now (they own registrations or step channels): bounded by what they own.
+  int Tracked() const;
   // Stops tracking `owner` (released, or it owns nothing any more).
   void Forget(const std::string& owner);
 

@@ -219,6 +219,7 @@ void SamplerService::ReleaseOwner(const std::string& owner, const char* why) {
   DropChannels(owner, why);
   const BufferRegistry::Released released = registry_.ReleaseOwner(owner);
   leases_.Forget(owner);
+  metrics_.SetTrackedClients(leases_.Tracked());
   metrics_.SetRegisteredBuffers(registry_.Size(), registry_.BytesHeld());
   if (released.regions + released.handles == 0) return;
   metrics_.CountReleasedBuffers(why, released.regions);
@@ -570,6 +571,7 @@ grpc::Status SamplerService::RegisterBuffer(grpc::ServerContext* context,
   }
   // Tracked once it owns something: a failed call leaves no lease entry behind (issue 45).
   leases_.Track(owner, absl::Now());
+  metrics_.SetTrackedClients(leases_.Tracked());
   response->set_server_id(server_id_);
   // Registration's cost (opening, mapping, pinning) is paid once, here: logged.
   std::string pinning;
@@ -596,6 +598,7 @@ grpc::Status SamplerService::UnregisterBuffer(grpc::ServerContext* context,
   metrics_.SetRegisteredBuffers(registry_.Size(), registry_.BytesHeld());
   if (status.ok() && registry_.CountOwnedBy(owner) == 0 && OwnedChannels(owner) == 0) {
     leases_.Forget(owner);  // owns nothing any more: no lease entry to keep
+    metrics_.SetTrackedClients(leases_.Tracked());
   }
   if (status.ok()) spdlog::info("unregistered buffer '{}'", request->name());
   return ToGrpcStatus(status);
@@ -783,6 +786,7 @@ grpc::Status SamplerService::OpenStepChannel(grpc::ServerContext* context,
     return ToGrpcStatus(channel.status());
   }
   leases_.Track(owner, absl::Now());  // only once it owns the channel (issue 45)
+  metrics_.SetTrackedClients(leases_.Tracked());
   spdlog::info("opened step channel {} on '{}' ({} bytes a direction) for {}", id,
                request->shm_name(), request->capacity_bytes(), owner);
   response->set_channel_id(id);

@@ -12,6 +12,7 @@ import socket
 import ssl
 import subprocess
 import time
+import urllib.request
 
 import grpc
 import numpy as np
@@ -202,3 +203,83 @@ def test_samplerctl_over_mutual_tls(tls_server, pki):
     assert ok.returncode == 0 and ok.stdout.strip() == "SERVING", ok.stderr
     no_cert = subprocess.run(base, capture_output=True, text=True)
     assert no_cert.returncode == 1
+
+
+def test_a_reload_that_reads_a_broken_pair_keeps_the_last_good_one(pki, tmp_path):
+    """Issue 45: a rotation that rewrites the files in place can be read between truncate and
+    write; gRPC was handed the empty key and samplerd aborted (SIGABRT, exit 134). Now each
+    unusable read is refused (logged, counted in samplerd_tls_reload_failures_total) and the
+    last good pair keeps serving; a key that is not the certificate's is refused too."""
+    live = tmp_path / "live"
+    shutil.copytree(pki / "server", live)
+    s = Server(tmp_path, f"--tls_cert_file={live / 'tls.crt'}", f"--tls_key_file={live / 'tls.key'}",
+               f"--tls_client_ca_file={pki / 'ca.pem'}", "--tls_reload_interval_s=1",
+               "--metrics_address=127.0.0.1:0")
+    metrics_port = int((tmp_path / "port").read_text().split()[1])
+
+    def failures():
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5)
+        for line in text.read().decode().splitlines():
+            if line.startswith("samplerd_tls_reload_failures_total "):
+                return float(line.split()[1])
+        return None
+
+    try:
+        good_key = (live / "tls.key").read_bytes()
+        for broken in (b"", good_key[: len(good_key) // 2], (pki / "worker-b.key").read_bytes()):
+            (live / "tls.key").write_bytes(broken)  # in place: truncate, then write
+            before = failures()
+            deadline = time.monotonic() + 10
+            while failures() == before:
+                assert s.proc.poll() is None, "samplerd died on a broken TLS file"
+                assert time.monotonic() < deadline, "the broken read was not counted"
+                time.sleep(0.1)
+            with client_for(s, pki, "worker-a") as c:  # new connections: the last good pair
+                assert inline_step(c)["r0"].token_ids.tolist() == [1]
+        (live / "tls.key").write_bytes(good_key)
+        assert s.proc.poll() is None
+    finally:
+        assert s.stop() == 0
+
+
+def test_a_key_that_is_not_the_certificates_is_refused_at_start(pki):
+    binary = os.environ.get("SAMPLERD_BIN", str(REPO / "bazel-bin" / "server" / "samplerd"))
+    run = subprocess.run([binary, "--listen=127.0.0.1:0", "--backend=cpu",
+                          f"--tls_cert_file={pki / 'server' / 'tls.crt'}",
+                          f"--tls_key_file={pki / 'worker-b.key'}"],
+                         capture_output=True, text=True, timeout=30)
+    assert run.returncode == 2
+    assert "is not the key of the certificate" in run.stderr + run.stdout
+
+
+def test_one_certificate_cannot_use_or_remove_anothers_regions(pki, tmp_path):
+    """Issue 45: under mutual TLS, certificate B saw A's owner id in ListBuffers, sampled A's
+    logits and unregistered A's region. Regions are their owner identity's: B (allowed too)
+    sees none of A's, cannot name them in a step, nor remove them, even under A's client id."""
+    s = Server(tmp_path, f"--tls_cert_file={pki / 'server' / 'tls.crt'}",
+               f"--tls_key_file={pki / 'server' / 'tls.key'}",
+               f"--tls_client_ca_file={pki / 'ca.pem'}",
+               f"--tls_allowed_clients={ALLOWED},worker-b.llm.svc")
+    try:
+        with client_for(s, pki, "worker-a", client_id="shared") as a, \
+                client_for(s, pki, "worker-b", client_id="shared") as b:
+            region = samplerd.ShmRegion(4 * 4)
+            view = region.ndarray((1, 4))
+            view[:] = [0.5, 2.0, 1.0, -1.0]
+            a.register_shm(region, "a-logits")
+            assert b.list_buffers() == []
+            [mine] = a.list_buffers()
+            assert mine.owner == f"cert:{ALLOWED}/id:shared"
+            code, message = error_of(lambda: b.sample(samplerd.ShmLogits(region, view),
+                                                      [samplerd.Prefill("r", row=0)]))
+            assert code == grpc.StatusCode.NOT_FOUND and "a-logits" in message
+            code, _ = error_of(lambda: b.unregister("a-logits"))
+            assert code == grpc.StatusCode.NOT_FOUND
+            got = a.sample(samplerd.ShmLogits(region, view), [samplerd.Prefill("r", row=0,
+                                                                               params=GREEDY)])
+            assert got["r"].token_ids.tolist() == [1]
+            a.unregister("a-logits")
+            del view
+            region.close()
+    finally:
+        assert s.stop() == 0
