@@ -83,7 +83,9 @@ StepJobs BuildStepJobs(const StepPlan& plan, const std::vector<RowTask>& tasks,
     h.mask = row.mask;
     const bool verify = step.kind == StepKind::kDecode && task.index < inputs.num_rows - 1;
     j.kind = verify ? kRowVerify : kRowFresh;
-    h.updates = DeviceUpdates(request.RowUpdates(step.kind, task.index), request.params.Penalties());
+    const std::shared_ptr<const std::vector<TokenUpdate>> updates =
+        request.RowUpdates(step.kind, task.index);
+    if (updates != nullptr) h.updates = DeviceUpdates(*updates, request.params.Penalties());
     if (verify) {
       j.draft_token = inputs.draft_token_ids[task.index];
       const DraftDistributions& d = inputs.drafts;

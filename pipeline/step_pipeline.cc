@@ -9,6 +9,10 @@ absl::StatusOr<StepResult> Stages(ConvertedStep& converted, Backend& backend,
   converted.step.pool_scope = env.pool_scope;
   auto plan = PlanConvertedStep(converted, env.limits, env.seeds);
   if (!plan.ok()) return plan.status();
+  // Each request's history work, on this (the caller's) thread before the backend's slot, so a
+  // long context costs its own step and nobody else's; its memory reserved (issue 45).
+  std::vector<std::shared_ptr<const void>> history_leases;
+  PrepareRowUpdates(*plan, env.limits, env.budget, &history_leases);
   hooks.Planned(converted, *plan);
   hooks.BeforeSample();
   absl::StatusOr<StepResult> result = backend.Sample(*plan);

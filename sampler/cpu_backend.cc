@@ -156,8 +156,9 @@ absl::StatusOr<StepResult> CpuBackend::Sample(const StepPlan& plan) {
     options.field = field.c_str();
     // SPEC 3 steps 2b-d and 3 against the row's history (a DECODE row j's includes the drafts
     // of rows 0..j-1).
-    const std::vector<TokenUpdate> updates = request.RowUpdates(step.kind, task.index);
-    options.updates = updates;
+    const std::shared_ptr<const std::vector<TokenUpdate>> updates =
+        request.RowUpdates(step.kind, task.index);
+    if (updates != nullptr) options.updates = *updates;
     out.status = proc.Process(step.logits, row.row, options);
     if (!out.status.ok()) return;
 

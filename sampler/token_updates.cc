@@ -143,11 +143,15 @@ std::vector<TokenUpdate> DryUpdates(const DryPenalty& dry, absl::Span<const int3
   return out;
 }
 
-std::vector<TokenUpdate> RowTokenUpdates(const TokenAdjustments& adjustments,
-                                         const PenaltySettings& penalties,
-                                         absl::Span<const int32_t> prompt,
-                                         absl::Span<const int32_t> output,
-                                         absl::Span<const int32_t> drafts_before) {
+namespace {
+
+// The entries of a row that are not the shared history: steps 2b-d, the drafts' history
+// (penalised and counted, DECODE rows), DRY. Unsorted.
+std::vector<TokenUpdate> RowOwnEntries(const TokenAdjustments& adjustments,
+                                       const PenaltySettings& penalties,
+                                       absl::Span<const int32_t> prompt,
+                                       absl::Span<const int32_t> output,
+                                       absl::Span<const int32_t> drafts_before) {
   std::vector<TokenUpdate> all;
   // Step 2b: a bad word of one token is always banned; a longer one when the history ends with
   // all of it but its last token.
@@ -165,21 +169,77 @@ std::vector<TokenUpdate> RowTokenUpdates(const TokenAdjustments& adjustments,
     u.bias = bias;
     all.push_back(u);
   }
-  // Step 3's history: every prompt or output token (repetition), counted over the output.
+  // Step 3's history beyond the request's own: the drafts before this row (output history).
   if (penalties.on()) {
-    for (int32_t t : prompt) all.push_back(Entry(t, kUpdatePenalize));
-    for (absl::Span<const int32_t> part : {output, drafts_before}) {
-      for (int32_t t : part) {
-        TokenUpdate u = Entry(t, kUpdatePenalize);
-        u.count = 1;
-        all.push_back(u);
-      }
+    for (int32_t t : drafts_before) {
+      TokenUpdate u = Entry(t, kUpdatePenalize);
+      u.count = 1;
+      all.push_back(u);
     }
   }
   // Step 3's DRY, added after the penalties (kUpdateLateBias).
   std::vector<TokenUpdate> dry = DryUpdates(adjustments.dry, prompt, output, drafts_before);
   all.insert(all.end(), dry.begin(), dry.end());
+  return all;
+}
+
+// Two lists sorted by token with one entry per token, as one: a token in both is merged as
+// MergeTokenUpdates would (the sources never both hold a float bias of one kind for a token:
+// logit_bias is one entry a token, DRY one, the history none, so the order is immaterial).
+std::vector<TokenUpdate> MergeSorted(const std::vector<TokenUpdate>& a,
+                                     const std::vector<TokenUpdate>& b) {
+  std::vector<TokenUpdate> out;
+  out.reserve(a.size() + b.size());
+  size_t i = 0, j = 0;
+  while (i < a.size() || j < b.size()) {
+    if (j == b.size() || (i < a.size() && a[i].token < b[j].token)) {
+      out.push_back(a[i++]);
+    } else if (i == a.size() || b[j].token < a[i].token) {
+      out.push_back(b[j++]);
+    } else {
+      out.push_back(a[i++]);
+      Merge(out.back(), b[j++]);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<TokenUpdate> HistoryUpdates(absl::Span<const int32_t> prompt,
+                                        absl::Span<const int32_t> output) {
+  std::vector<TokenUpdate> all;
+  all.reserve(prompt.size() + output.size());
+  // Every prompt or output token is penalised (repetition); output tokens are counted.
+  for (int32_t t : prompt) all.push_back(Entry(t, kUpdatePenalize));
+  for (int32_t t : output) {
+    TokenUpdate u = Entry(t, kUpdatePenalize);
+    u.count = 1;
+    all.push_back(u);
+  }
   return MergeTokenUpdates(std::move(all));
+}
+
+std::vector<TokenUpdate> RowTokenUpdates(const TokenAdjustments& adjustments,
+                                         const PenaltySettings& penalties,
+                                         const std::vector<TokenUpdate>& history,
+                                         absl::Span<const int32_t> prompt,
+                                         absl::Span<const int32_t> output,
+                                         absl::Span<const int32_t> drafts_before) {
+  std::vector<TokenUpdate> own = MergeTokenUpdates(
+      RowOwnEntries(adjustments, penalties, prompt, output, drafts_before));
+  if (!penalties.on() || history.empty()) return own;
+  return MergeSorted(history, own);
+}
+
+std::vector<TokenUpdate> RowTokenUpdates(const TokenAdjustments& adjustments,
+                                         const PenaltySettings& penalties,
+                                         absl::Span<const int32_t> prompt,
+                                         absl::Span<const int32_t> output,
+                                         absl::Span<const int32_t> drafts_before) {
+  const std::vector<TokenUpdate> history =
+      penalties.on() ? HistoryUpdates(prompt, output) : std::vector<TokenUpdate>();
+  return RowTokenUpdates(adjustments, penalties, history, prompt, output, drafts_before);
 }
 
 std::vector<TokenUpdate> MergeTokenUpdates(std::vector<TokenUpdate> entries) {

@@ -59,6 +59,22 @@ std::vector<TokenUpdate> RowTokenUpdates(const TokenAdjustments& adjustments,
                                          absl::Span<const int32_t> output,
                                          absl::Span<const int32_t> drafts_before);
 
+// SPEC 3 step 3's penalty history of a request's prompt and output, merged (sorted by token,
+// one entry per token): what every row of the request shares, built once per request (issue
+// 45: each DECODE row rebuilt and re-sorted its whole context, ~20 bytes a token, q times).
+std::vector<TokenUpdate> HistoryUpdates(absl::Span<const int32_t> prompt,
+                                        absl::Span<const int32_t> output);
+
+// RowTokenUpdates with the request's history already merged: `history` is HistoryUpdates of
+// its prompt and output (used only when `penalties` are on). The same entries, bitwise; a
+// row's own cost is its adjustments, its drafts and its DRY entries, plus one linear merge.
+std::vector<TokenUpdate> RowTokenUpdates(const TokenAdjustments& adjustments,
+                                         const PenaltySettings& penalties,
+                                         const std::vector<TokenUpdate>& history,
+                                         absl::Span<const int32_t> prompt,
+                                         absl::Span<const int32_t> output,
+                                         absl::Span<const int32_t> drafts_before);
+
 // SPEC 3 step 3's DRY entries of one row (kUpdateLateBias, late_bias = -penalty, one per
 // penalised token, unsorted): the context is prompt, output, drafts_before, cut to its last
 // dry.range tokens. O(context x 50) at worst (the match cap); nothing V-sized.

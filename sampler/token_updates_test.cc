@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <random>
@@ -253,6 +254,74 @@ TEST(DryUpdates, AgreesWithSpecReadLiterallyOnRandomContexts) {
     const std::vector<int32_t> prompt(c.begin(), c.begin() + a), output(c.begin() + a, c.begin() + b),
         drafts(c.begin() + b, c.end());
     ASSERT_EQ(Dry(dry, prompt, output, drafts), want) << "trial " << trial;
+  }
+}
+
+// Issue 45: a request's history is merged once and shared by its rows. A row's list from the
+// shared history is, field for field, the one list of every source in SPEC's order merged at
+// once (the pre-issue-45 way), on random requests with every source.
+TEST(RowTokenUpdates, SharedHistoryGivesTheSameListAsOneMerge) {
+  std::mt19937 rng(45);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int32_t vocab = 4 + static_cast<int32_t>(rng() % 60);
+    auto tokens = [&](size_t n) {
+      std::vector<int32_t> out(n);
+      for (int32_t& t : out) t = static_cast<int32_t>(rng() % vocab);
+      return out;
+    };
+    const std::vector<int32_t> prompt = tokens(rng() % 80), output = tokens(rng() % 40),
+                               drafts = tokens(rng() % 6);
+    TokenAdjustments adjustments;
+    if (rng() % 2) adjustments.bad_words = {tokens(1), tokens(2)};
+    if (rng() % 2) {
+      adjustments.min_tokens = static_cast<int32_t>(rng() % 60);
+      adjustments.stop_token_ids = {0, 3};
+    }
+    if (rng() % 2) adjustments.logit_bias = {{1, -0.0f}, {2, 1.5f}, {vocab - 1, -2.25f}};
+    if (rng() % 2) {
+      adjustments.dry.multiplier = 0.8f;
+      adjustments.dry.allowed_length = 1 + static_cast<int32_t>(rng() % 3);
+    }
+    PenaltySettings penalties;
+    if (rng() % 4 != 0) penalties = PenaltySettings{1.1f, 0.5f, 0.25f};
+    // The reference: every source appended in SPEC's order, merged once.
+    std::vector<TokenUpdate> all;
+    for (const std::vector<int32_t>& word : adjustments.bad_words) {
+      const std::vector<int32_t> history = [&] {
+        std::vector<int32_t> h = output;
+        h.insert(h.end(), drafts.begin(), drafts.end());
+        return h;
+      }();
+      const size_t n = word.size() - 1;
+      if (n <= history.size() &&
+          std::equal(word.begin(), word.end() - 1, history.end() - static_cast<long>(n))) {
+        all.push_back(Entry(word.back(), kUpdateBan));
+      }
+    }
+    if (static_cast<int64_t>(output.size() + drafts.size()) < adjustments.min_tokens) {
+      for (int32_t t : adjustments.stop_token_ids) all.push_back(Entry(t, kUpdateBan));
+    }
+    for (const auto& [t, bias] : adjustments.logit_bias) all.push_back(Entry(t, kUpdateBias, bias));
+    if (penalties.on()) {
+      for (int32_t t : prompt) all.push_back(Entry(t, kUpdatePenalize));
+      for (int32_t t : output) all.push_back(Entry(t, kUpdatePenalize, 0, 0, 1));
+      for (int32_t t : drafts) all.push_back(Entry(t, kUpdatePenalize, 0, 0, 1));
+    }
+    const std::vector<TokenUpdate> dry = DryUpdates(adjustments.dry, prompt, output, drafts);
+    all.insert(all.end(), dry.begin(), dry.end());
+    const std::vector<TokenUpdate> expected = MergeTokenUpdates(all);
+    const std::vector<TokenUpdate> history = HistoryUpdates(prompt, output);
+    const std::vector<TokenUpdate> got =
+        RowTokenUpdates(adjustments, penalties, history, prompt, output, drafts);
+    ASSERT_EQ(got.size(), expected.size()) << "trial " << trial;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].token, expected[i].token) << trial;
+      EXPECT_EQ(got[i].flags, expected[i].flags) << trial;
+      EXPECT_EQ(got[i].count, expected[i].count) << trial;
+      EXPECT_EQ(std::memcmp(&got[i].bias, &expected[i].bias, sizeof(float)), 0) << trial;
+      EXPECT_EQ(std::memcmp(&got[i].late_bias, &expected[i].late_bias, sizeof(float)), 0)
+          << trial;
+    }
   }
 }
 

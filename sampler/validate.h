@@ -22,6 +22,8 @@
 
 namespace samplerd {
 
+class MemoryBudget;
+
 // Temperatures below this become it, and turn top-p, top-k and min-p off (SPEC section 2).
 inline constexpr float kSamplingEps = 1e-5f;
 // Prompt logprobs are computed in chunks of at most this many rows (SPEC section 7).
@@ -41,6 +43,10 @@ struct Limits {
   // also has a grammar mask), all requests of a step together: the server sets it to its
   // message size limit, the bound the grammar masks sent in a step already have.
   int64_t max_step_mask_bytes = int64_t{64} << 20;
+  // A request's history work (issue 45): its context tokens (prompt, output, drafts) times its
+  // sampled rows, where it has penalties or DRY. Beyond it the request fails alone
+  // (RESOURCE_EXHAUSTED); its memory is reserved from the request budget besides.
+  int64_t max_context_token_rows = int64_t{1} << 28;
 };
 
 // Parameters after SPEC section 2's checks and normalisation.
@@ -82,8 +88,13 @@ struct RequestPlan {
   // rows point into them (SampledRow::mask).
   std::vector<std::shared_ptr<const std::vector<unsigned char>>> owned_masks;
 
-  // The updates of sampled row `index` (RowTokenUpdates with this request's history).
-  std::vector<TokenUpdate> RowUpdates(StepKind kind, int32_t index) const;
+  // Every sampled row's updates, made before the backend (PrepareRowUpdates): indexed by
+  // sampled row; empty when not prepared (then RowUpdates makes them itself).
+  std::vector<std::shared_ptr<const std::vector<TokenUpdate>>> prepared_updates;
+
+  // The updates of sampled row `index` (RowTokenUpdates with this request's history): the
+  // prepared list, else made now. Null when the request has none.
+  std::shared_ptr<const std::vector<TokenUpdate>> RowUpdates(StepKind kind, int32_t index) const;
 };
 
 struct StepPlan {
@@ -107,6 +118,16 @@ SeedSource RandomSeedSource();
 // INVALID_ARGUMENT in that request's `status`.
 absl::StatusOr<StepPlan> PlanStep(const Step& step, const Limits& limits,
                                   const SeedSource& seed_source);
+
+// Makes every OK request's row updates now, before the backend (issue 45: a request's
+// penalty history was rebuilt and sorted once per row, inside the backend's one step slot, so
+// one client's long context stalled every other client's steps). Each request's history is
+// merged once and shared by its rows. The memory is reserved from `budget` first (null:
+// unbounded) and held by `leases` until the step ends; a request whose work exceeds
+// limits.max_context_token_rows or whose memory does not fit fails alone with
+// RESOURCE_EXHAUSTED naming its field.
+void PrepareRowUpdates(StepPlan& plan, const Limits& limits, MemoryBudget* budget,
+                       std::vector<std::shared_ptr<const void>>* leases);
 
 // SPEC 6's rule for a draft row: finite logprobs and -inf only. INVALID_ARGUMENT naming
 // `field`, the row and the first NaN or +inf among `values` [n], else OK. The one place of the

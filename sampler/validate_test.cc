@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 
+#include "sampler/memory_budget.h"
 #include "sampler/test_util.h"
 
 namespace samplerd {
@@ -356,6 +357,73 @@ TEST_F(PlanStepTest, DecodeRowPositionsFollowSpec) {
   ASSERT_EQ(plan->requests[0].sampled_rows.size(), 6u);
   EXPECT_EQ(plan->requests[0].sampled_rows[2].position, 20000088u);
   EXPECT_EQ(plan->requests[0].sampled_rows[2].row, 4);
+}
+
+// Issue 45: the row updates are made before the backend, each request's history once, from
+// the request budget; a request whose history does not fit fails alone.
+TEST_F(PlanStepTest, PreparedRowUpdatesEqualTheRowsOwnAndAreBounded) {
+  auto decode = [](const std::string& id, int32_t first_row, size_t context) {
+    RequestInputs r;
+    r.request_id = id;
+    r.first_row = first_row;
+    r.num_rows = 4;
+    r.draft_token_ids = {1, 5, 1};
+    for (size_t i = 0; i < context; ++i) {
+      r.prompt_token_ids.push_back(static_cast<int32_t>((i * 7) % 37));
+    }
+    r.output_token_ids = {3, 5, 3};
+    r.params.repetition_penalty = 1.2f;
+    r.params.frequency_penalty = 0.5f;
+    r.params.dry_multiplier = 0.8f;
+    r.params.seq_seed = 1;
+    return r;
+  };
+  Step step = MakeStep(StepKind::kDecode, logits_, 37);
+  step.requests = {decode("a", 0, 100), decode("b", 4, 5000)};
+  auto plan = Plan(step);
+  ASSERT_TRUE(plan.ok());
+  ASSERT_TRUE(plan->requests[1].status.ok()) << plan->requests[1].status;
+  std::vector<std::vector<TokenUpdate>> own;
+  for (int32_t j = 0; j < 4; ++j) own.push_back(*plan->requests[1].RowUpdates(step.kind, j));
+  // Unbounded: every row prepared, equal to what the row makes itself.
+  std::vector<std::shared_ptr<const void>> leases;
+  PrepareRowUpdates(*plan, Limits{}, nullptr, &leases);
+  ASSERT_EQ(plan->requests[1].prepared_updates.size(), 4u);
+  for (int32_t j = 0; j < 4; ++j) {
+    const std::vector<TokenUpdate>& got = *plan->requests[1].RowUpdates(step.kind, j);
+    ASSERT_EQ(got.size(), own[j].size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].token, own[j][i].token);
+      EXPECT_EQ(got[i].flags, own[j][i].flags);
+      EXPECT_EQ(got[i].count, own[j][i].count);
+      EXPECT_EQ(got[i].late_bias, own[j][i].late_bias);
+    }
+  }
+  // A budget that holds the short request's history and not the long one's: the long one
+  // fails alone, naming its field; nothing is left reserved once the leases go.
+  MemoryBudget budget(64 << 10);
+  auto again = Plan(step);
+  ASSERT_TRUE(again.ok());
+  std::vector<std::shared_ptr<const void>> held;
+  PrepareRowUpdates(*again, Limits{}, &budget, &held);
+  EXPECT_TRUE(again->requests[0].status.ok()) << again->requests[0].status;
+  EXPECT_EQ(again->requests[0].prepared_updates.size(), 4u);
+  EXPECT_EQ(again->requests[1].status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(again->requests[1].status.message()),
+              HasSubstr("requests[1].prompt_token_ids"));
+  EXPECT_GT(budget.used(), 0);
+  held.clear();
+  EXPECT_EQ(budget.used(), 0);
+  // The work bound: context tokens x rows.
+  Limits tight;
+  tight.max_context_token_rows = 4 * 200;
+  auto bounded = Plan(step);
+  ASSERT_TRUE(bounded.ok());
+  PrepareRowUpdates(*bounded, tight, nullptr, &held);
+  EXPECT_TRUE(bounded->requests[0].status.ok());
+  EXPECT_EQ(bounded->requests[1].status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(bounded->requests[1].status.message()),
+              HasSubstr("--max_context_token_rows"));
 }
 
 TEST_F(PlanStepTest, DraftStepsUseTheDraftSeedDomain) {

@@ -40,6 +40,12 @@ MUTANTS = [
      "into.bias = u.bias;", SAMPLER, 0),
     ("merge-drops-ban", "sampler/token_updates.cc",
      "into.flags |= u.flags;", "into.flags |= (u.flags & ~kUpdateBan);", SAMPLER, 0),
+    # Issue 45: a request's history merged once, each row's own entries merged into it.
+    ("history-merge-drops-row-entry", "sampler/token_updates.cc",
+     "      Merge(out.back(), b[j++]);", "      ++j;", SAMPLER, 0),
+    ("row-drafts-not-counted", "sampler/token_updates.cc",
+     "for (int32_t t : drafts_before) {", "for (int32_t t : absl::Span<const int32_t>()) {",
+     SAMPLER, 0),
     ("bias-overflow-unflagged", "sampler/spec_rules.h",
      "  const float y = x + add;\n  *left_range = *left_range || LeftFloatRange(x, y);",
      "  const float y = x + add;", SAMPLER, 0),

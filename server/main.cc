@@ -121,6 +121,9 @@ ABSL_FLAG(bool, allow_insecure_metrics, false,
           "serve --metrics_address off loopback although it is plaintext HTTP");
 ABSL_FLAG(std::string, metrics_address, "",
           "serve Prometheus /metrics on host:port (empty = off)");
+ABSL_FLAG(int64_t, max_context_token_rows, int64_t{1} << 28,
+          "a request's context tokens (prompt, output, drafts) times its sampled rows, where it "
+          "has penalties or DRY: the history work one request may ask for");
 ABSL_FLAG(int, max_open_streams, 0,
           "SampleStreams open at once over all clients (each holds a thread); 0: "
           "--max_rpc_threads less 16, so unary calls, GetServerInfo and health always find one");
@@ -279,6 +282,7 @@ int Serve() {
   options.limits.max_top_logprobs = absl::GetFlag(FLAGS_max_top_logprobs);
   options.limits.max_force_top_n = absl::GetFlag(FLAGS_max_force_top_n);
   options.limits.max_token_list = absl::GetFlag(FLAGS_max_token_list);
+  options.limits.max_context_token_rows = absl::GetFlag(FLAGS_max_context_token_rows);
   options.max_queued_steps = absl::GetFlag(FLAGS_max_queued_steps);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.registration_lease = absl::Milliseconds(absl::GetFlag(FLAGS_registration_lease_ms));
