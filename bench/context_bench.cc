@@ -1,7 +1,7 @@
 // The cost of long contexts with penalties and DRY, as issue 45's hostile clients sent them,
 // measured against samplerd binaries in their own processes (CPU backend, loopback), each
 // configuration alternating between the binaries named, in one run:
-//   decode   a 1 MB DECODE message (256k output tokens, q = 64 rows, repetition penalty):
+//   decode   a 1 MB DECODE message (1M output tokens, q = 64 rows, repetition penalty):
 //            the step's time;
 //   prompt   one request of a --prompt_tokens prompt with a repetition penalty beside a small
 //            one: the step's time, the server's peak RSS growth, and what the request got;
@@ -84,9 +84,9 @@ void RunCases(const std::string& binary, const std::string& label) {
   }
   auto client = Connect(server);
   auto other = Connect(server);
-  // decode: 256k output tokens (~1 MB), q = 64, repetition penalty.
+  // decode: 1M output tokens (~1 MB), q = 64, repetition penalty.
   {
-    const v1::SampleRequest step = Decode(64, 64, int64_t{1} << 18, true, false);
+    const v1::SampleRequest step = Decode(64, 64, int64_t{1} << 20, true, false);
     const auto start = Clock::now();
     auto reply = client->Sample(step);
     std::printf("%-10s decode  %5.1f MB message, q = 64: %9.1f ms  (%s)\n", label.c_str(),

@@ -208,16 +208,26 @@ std::vector<TokenUpdate> MergeSorted(const std::vector<TokenUpdate>& a,
 
 std::vector<TokenUpdate> HistoryUpdates(absl::Span<const int32_t> prompt,
                                         absl::Span<const int32_t> output) {
-  std::vector<TokenUpdate> all;
-  all.reserve(prompt.size() + output.size());
-  // Every prompt or output token is penalised (repetition); output tokens are counted.
-  for (int32_t t : prompt) all.push_back(Entry(t, kUpdatePenalize));
-  for (int32_t t : output) {
+  // The token ids sorted (4 bytes a token, in place), then one entry a distinct token: every
+  // prompt or output token is penalised (repetition), output tokens are counted. The same
+  // entries as merging one entry a token, at a fifth of the memory and without a stable sort's
+  // buffer.
+  std::vector<int32_t> p(prompt.begin(), prompt.end()), o(output.begin(), output.end());
+  std::sort(p.begin(), p.end());
+  std::sort(o.begin(), o.end());
+  std::vector<TokenUpdate> out;
+  size_t i = 0, j = 0;
+  while (i < p.size() || j < o.size()) {
+    const int32_t t = j == o.size() || (i < p.size() && p[i] < o[j]) ? p[i] : o[j];
     TokenUpdate u = Entry(t, kUpdatePenalize);
-    u.count = 1;
-    all.push_back(u);
+    while (i < p.size() && p[i] == t) ++i;
+    while (j < o.size() && o[j] == t) {
+      ++u.count;
+      ++j;
+    }
+    out.push_back(u);
   }
-  return MergeTokenUpdates(std::move(all));
+  return out;
 }
 
 std::vector<TokenUpdate> RowTokenUpdates(const TokenAdjustments& adjustments,

@@ -578,9 +578,10 @@ void PrepareRowUpdates(StepPlan& plan, const Limits& limits, MemoryBudget* budge
       continue;
     }
     if (budget != nullptr) {
-      // Bytes: the history's entries and their merge (2 x context), each row's list (at most
-      // one entry a token of the vocabulary, and no more than the context and the row's own
-      // entries), and DRY's per-row scratch (positions and matches, 12 bytes a context token).
+      // Bytes: the history's sorted token ids (4 a token) and its entries (one a distinct
+      // token), each row's list (at most one entry a token of the vocabulary, and no more than
+      // the context and the row's own entries), and DRY's per-row scratch (positions and
+      // matches, 12 bytes a context token).
       const int64_t entry = static_cast<int64_t>(sizeof(TokenUpdate));
       const int64_t own = static_cast<int64_t>(request.adjustments.logit_bias.size() +
                                                request.adjustments.stop_token_ids.size() +
@@ -588,7 +589,9 @@ void PrepareRowUpdates(StepPlan& plan, const Limits& limits, MemoryBudget* budge
                           static_cast<int64_t>(inputs.draft_token_ids.size()) +
                           (request.adjustments.dry.on() ? context : 0);
       const int64_t per_row = std::min<int64_t>(step.vocab_size, (penalties ? context : 0) + own);
-      const int64_t bytes = (penalties ? 2 * context * entry : 0) + rows * per_row * entry +
+      const int64_t history =
+          penalties ? 4 * context + std::min<int64_t>(context, step.vocab_size) * entry : 0;
+      const int64_t bytes = history + rows * per_row * entry +
                             (request.adjustments.dry.on() ? 12 * context : 0);
       auto lease = budget->Reserve(bytes, field + ".prompt_token_ids");
       if (!lease.ok()) {

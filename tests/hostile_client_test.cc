@@ -372,10 +372,12 @@ TEST_F(Hostile, ShardsCannotExhaustServerMemory) {
 // answered.
 TEST_F(Hostile, ContextHistoryMemoryIsCountedInTheRequestBudget) {
   ASSERT_NO_FATAL_FAILURE(
-      StartServer({"--max_request_memory_bytes=" + std::to_string(64 << 20)}));
+      StartServer({"--max_request_memory_bytes=" + std::to_string(8 << 20)}));
   v1::SampleRequest step = SmallStep(11, 2, 64);
   v1::RequestInputs* heavy = step.mutable_inputs()->mutable_requests(0);
-  constexpr int kPrompt = 4 << 20;  // 4M tokens: ~160 MB of entries and their sort before
+  // 4M tokens: 16 MB of sorted ids now (160 MB of entries and their sort before), over the
+  // 8 MiB budget.
+  constexpr int kPrompt = 4 << 20;
   heavy->mutable_prompt_token_ids()->Reserve(kPrompt);
   for (int i = 0; i < kPrompt; ++i) heavy->add_prompt_token_ids(i % 64);
   heavy->mutable_params()->set_repetition_penalty(1.1f);
