@@ -47,12 +47,7 @@ v1::SampleRequest Decode(int rows, int vocab, int64_t context, bool as_output, b
   r->set_request_id("heavy");
   r->set_num_rows(rows);
   for (int j = 0; j + 1 < rows; ++j) r->add_draft_token_ids(5);
-  v1::Tensor* q = r->mutable_draft_logprobs();
-  q->set_rows(rows - 1);
-  q->set_cols(vocab);
-  for (int i = 0; i < (rows - 1) * vocab; ++i) {
-    q->mutable_values()->add_values(-std::log(static_cast<float>(vocab)));
-  }
+  SetUniformDrafts(r, rows, vocab);
   auto* history = as_output ? r->mutable_output_token_ids() : r->mutable_prompt_token_ids();
   history->Reserve(static_cast<int>(context));
   for (int64_t i = 0; i < context; ++i) history->Add(dry ? 5 : static_cast<int32_t>(i % vocab));

@@ -416,12 +416,7 @@ TEST_F(Hostile, AHeavyStepDoesNotStallOtherClients) {
   r->set_first_row(0);
   r->set_num_rows(kRows);
   for (int j = 0; j + 1 < kRows; ++j) r->add_draft_token_ids(5);
-  v1::Tensor* q = r->mutable_draft_logprobs();  // the drafter's uniform distributions
-  q->set_rows(kRows - 1);
-  q->set_cols(kVocab);
-  for (int i = 0; i < (kRows - 1) * kVocab; ++i) {
-    q->mutable_values()->add_values(-std::log(static_cast<float>(kVocab)));
-  }
+  SetUniformDrafts(r, kRows, kVocab);
   // A context of one repeated token: DRY compares every position with the context's end.
   r->mutable_prompt_token_ids()->Reserve(kContext);
   for (int i = 0; i < kContext; ++i) r->add_prompt_token_ids(5);

@@ -4,6 +4,7 @@
 #ifndef SAMPLERD_TESTS_TEST_STEPS_H_
 #define SAMPLERD_TESTS_TEST_STEPS_H_
 
+#include <cmath>
 #include <random>
 #include <string>
 
@@ -34,6 +35,17 @@ inline v1::SampleRequest SmallStep(uint64_t step_id, int n = 3, int vocab = 64,
     r->mutable_params()->set_top_logprobs(2);
   }
   return request;
+}
+
+// A DECODE request's dense draft distributions: uniform over `vocab`, one row for each of its
+// rows - 1 drafts (what a drafter that knows nothing sends).
+inline void SetUniformDrafts(v1::RequestInputs* r, int rows, int vocab) {
+  v1::Tensor* q = r->mutable_draft_logprobs();
+  q->set_rows(rows - 1);
+  q->set_cols(vocab);
+  for (int i = 0; i < (rows - 1) * vocab; ++i) {
+    q->mutable_values()->add_values(-std::log(static_cast<float>(vocab)));
+  }
 }
 
 }  // namespace samplerd
