@@ -105,7 +105,10 @@ ABSL_NAMESPACE_END
 // their system calls (epoll, memmove) through its interceptors but not the synchronisation
 // around them; gRPC's own templates (grpc::internal, compiled into our binaries) hand call
 // state between its uninstrumented threads the same way. Nothing of samplerd's own code is
-// suppressed.
+// suppressed. civetweb and prometheus-cpp-pull (the metrics listener), also Debian's and
+// uninstrumented, hand requests between their threads the same way; civetweb also formats its
+// Date header with gmtime, whose static buffer its worker threads share (its own race, in a
+// header no one reads).
 extern "C" const char* __tsan_default_suppressions() {
   return "called_from_lib:libgrpc.so.29\n"
          "called_from_lib:libabsl_status.so.20220623\n"
@@ -114,6 +117,10 @@ extern "C" const char* __tsan_default_suppressions() {
          "called_from_lib:libgrpc++.so.1.51\n"
          "called_from_lib:libgpr.so.29\n"
          "called_from_lib:libabsl_graphcycles_internal.so.20220623\n"
-         "called_from_lib:libabsl_synchronization.so.20220623\n";
+         "called_from_lib:libabsl_synchronization.so.20220623\n"
+         // Races only (called_from_lib would hide the lock inside the library from an unlock
+         // inlined into ours).
+         "race:libcivetweb.so.1\n"
+         "race:libprometheus-cpp-pull.so.1.0\n";
 }
 #endif  // __SANITIZE_THREAD__
