@@ -55,8 +55,12 @@ struct CudaBackend::Impl {
     SAMPLERD_CUDA_RETURN(cudaSetDevice(options.device));
     cudaDeviceProp prop;
     SAMPLERD_CUDA_RETURN(cudaGetDeviceProperties(&prop, options.device));
+    int mps_enabled = 0;
+    SAMPLERD_CUDA_RETURN(cudaDeviceGetAttribute(&mps_enabled, cudaDevAttrMpsEnabled,
+                                                options.device));
+    mps = mps_enabled != 0;
     device_name = absl::StrCat(prop.name, " (sm_", prop.major, prop.minor, ", device ",
-                               options.device, ")");
+                               options.device, ")", mps ? ", MPS client" : "");
     const int count = std::max(1, options.streams);
     for (int i = 0; i < count; ++i) {
       auto lane = std::make_unique<cuda::Lane>(i);
@@ -99,6 +103,10 @@ struct CudaBackend::Impl {
   std::shared_ptr<cuda::DeviceDraftStore> draft_store;
   DraftPool pool;
   std::string device_name;
+  bool mps = false;
+  // A step's failure that left the context unusable (Sample checks after each failure).
+  mutable absl::Mutex broken_mu;
+  absl::Status broken ABSL_GUARDED_BY(broken_mu);
   std::vector<std::unique_ptr<cuda::Lane>> lanes;
   absl::Mutex lanes_mu;
   std::vector<cuda::Lane*> free_lanes ABSL_GUARDED_BY(lanes_mu);
@@ -158,7 +166,37 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBacke
 CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CudaBackend::~CudaBackend() = default;
 
-BackendInfo CudaBackend::Info() const { return BackendInfo{"cuda", impl_->device_name}; }
+BackendInfo CudaBackend::Info() const {
+  return BackendInfo{"cuda", impl_->device_name, impl_->mps};
+}
+
+absl::Status CudaBackend::Broken() const {
+  absl::MutexLock lock(&impl_->broken_mu);
+  if (!impl_->broken.ok()) return impl_->broken;
+  // Checked live too: under MPS another client's fatal fault (a worker killed while its
+  // kernels ran) tears every client's context down while samplerd may have no step to notice
+  // it with, and the server takes no new client until every old one has exited. A no-op call
+  // returns the sticky error.
+  if (cudaSetDevice(impl_->options.device) == cudaSuccess) {
+    if (const cudaError_t context = cudaFree(nullptr); context != cudaSuccess) {
+      impl_->broken = CudaStatus(context, "the device context");
+    }
+  }
+  return impl_->broken;
+}
+
+absl::StatusOr<std::string> ProbeDeviceContext(int device) {
+  std::string why;
+  if (!CudaDeviceUsable(device, &why)) return absl::UnavailableError(why);
+  SAMPLERD_CUDA_RETURN(cudaSetDevice(device));
+  SAMPLERD_CUDA_RETURN(cudaFree(nullptr));  // makes the context (an MPS client's connection)
+  cudaDeviceProp prop;
+  SAMPLERD_CUDA_RETURN(cudaGetDeviceProperties(&prop, device));
+  int mps = 0;
+  SAMPLERD_CUDA_RETURN(cudaDeviceGetAttribute(&mps, cudaDevAttrMpsEnabled, device));
+  return absl::StrCat(prop.name, " (sm_", prop.major, prop.minor, ", device ", device, ")",
+                      mps ? ", MPS client" : ", no MPS");
+}
 DraftPool& CudaBackend::draft_pool() { return impl_->pool; }
 int CudaBackend::max_concurrent_steps() const { return static_cast<int>(impl_->lanes.size()); }
 void CudaBackend::set_launch_probe(std::shared_ptr<cuda::LaunchProbe> probe) {
@@ -194,6 +232,12 @@ absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
   if (!device_status.ok()) {
     // The step fails as a whole (its error names the call and, for a launch, the launch); the
     // lane is made usable for the next step before it is released.
+    // A sticky fault (an illegal address, say) or a lost MPS server fails every call after it,
+    // a no-op one too: then no later step can run in this process, and Broken() says so.
+    if (const cudaError_t context = cudaFree(nullptr); context != cudaSuccess) {
+      absl::MutexLock lock(&impl.broken_mu);
+      if (impl.broken.ok()) impl.broken = CudaStatus(context, "the device context");
+    }
     const absl::Status recovered = lane->Recover();
     if (!recovered.ok()) {
       return absl::Status(device_status.code(),

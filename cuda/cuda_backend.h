@@ -31,6 +31,12 @@ struct CudaBackendOptions {
   int streams = 4;
 };
 
+// Makes a CUDA context on `device` in this process, as a new worker's would be made (under
+// MPS: a new MPS client), and returns what it found ("NVIDIA H200 (sm_90, device 0), MPS
+// client"), or the error that refused it (an MPS server that takes no new client answers
+// cudaErrorMpsServerNotReady). `samplerd --probe_gpu_context` runs it.
+absl::StatusOr<std::string> ProbeDeviceContext(int device);
+
 // Whether CUDA device `device` can be used: false (with the reason in `why`) when there is no
 // driver, no device or the device cannot be initialised. Never crashes.
 bool CudaDeviceUsable(int device, std::string* why = nullptr);
@@ -50,6 +56,7 @@ class CudaBackend final : public Backend {
   int max_concurrent_steps() const override;
 
   DraftPool& draft_pool() override;
+  absl::Status Broken() const override;
 
   // Benchmarks only: a probe run around every launch (cuda/stage_timer.h: the kernels' stage
   // times, with //cuda:cuda_backend_probed), null = none; and the split path off, every

@@ -19,6 +19,9 @@ namespace samplerd {
 struct BackendInfo {
   std::string name;    // "cpu" or "cuda"
   std::string device;  // e.g. "2 threads" or "NVIDIA H200 (sm_90)"
+  // CUDA: the device context is an MPS client (one GPU context shared with the worker's under
+  // an MPS server; a fatal fault of any client then ends them all).
+  bool mps = false;
 };
 
 class Backend {
@@ -39,6 +42,11 @@ class Backend {
 
   // The backend's draft pool (internally synchronised): the service releases entries in it.
   virtual DraftPool& draft_pool() = 0;
+
+  // Not OK once the backend can run no step again in this process (a CUDA context left
+  // unusable by a sticky fault, or torn down by its MPS server): the process must be replaced.
+  // Cheap (a no-op device call on CUDA); main's watchdog calls it periodically.
+  virtual absl::Status Broken() const { return absl::OkStatus(); }
 };
 
 }  // namespace samplerd

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -121,6 +122,12 @@ ABSL_FLAG(bool, allow_insecure_metrics, false,
           "serve --metrics_address off loopback although it is plaintext HTTP");
 ABSL_FLAG(std::string, metrics_address, "",
           "serve Prometheus /metrics on host:port (empty = off)");
+ABSL_FLAG(int, context_check_interval_ms, 500,
+          "CUDA: how often the device context is checked while idle; a context torn down (under "
+          "MPS, by another client's fatal fault) makes samplerd drain and exit 3. 0: off");
+ABSL_FLAG(bool, probe_gpu_context, false,
+          "make a CUDA context on --cuda_device and exit: 0 when a new process gets one (under "
+          "MPS: the server takes new clients), 1 with the error otherwise");
 ABSL_FLAG(int64_t, max_context_token_rows, int64_t{1} << 28,
           "a request's context tokens (prompt, output, drafts) times its sampled rows, where it "
           "has penalties or DRY: the history work one request may ask for");
@@ -183,8 +190,30 @@ class CudaMemoryOpener final : public DeviceMemoryOpener {
 };
 #endif
 
+// Set when samplerd drains because its backend broke (Backend::Broken): the exit code says so
+// (kExitBackendBroken), so the pod's restart policy gives it a new CUDA context.
+std::atomic<bool> g_backend_broken{false};
+constexpr int kExitBackendBroken = 3;
+
 int Serve() {
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
+#ifdef SAMPLERD_WITH_CUDA
+  if (absl::GetFlag(FLAGS_probe_gpu_context)) {
+    // A new process's context, as a restarted worker's would be: the MPS daemon's liveness.
+    auto probed = ProbeDeviceContext(absl::GetFlag(FLAGS_cuda_device));
+    if (!probed.ok()) {
+      std::fprintf(stderr, "probe_gpu_context: %s\n", std::string(probed.status().message()).c_str());
+      return 1;
+    }
+    std::printf("probe_gpu_context: %s\n", probed->c_str());
+    return 0;
+  }
+#else
+  if (absl::GetFlag(FLAGS_probe_gpu_context)) {
+    std::fprintf(stderr, "probe_gpu_context: this samplerd was built without CUDA\n");
+    return 1;
+  }
+#endif
   const std::string backend_flag = absl::GetFlag(FLAGS_backend);
   if (backend_flag != "auto" && backend_flag != "cpu" && backend_flag != "cuda") {
     spdlog::error("--backend={}: expected auto, cpu or cuda", backend_flag);
@@ -329,6 +358,41 @@ int Serve() {
   group_options.max_logits_bytes = absl::GetFlag(FLAGS_max_group_logits_bytes);
   group_options.max_step_tokens = absl::GetFlag(FLAGS_max_rows);
   Metrics* metrics_ptr = metrics->get();
+  metrics_ptr->SetMpsClient(backend->Info().mps);
+  // A backend that can run no step again (a CUDA context lost to a sticky fault or to its MPS
+  // server): drain as for SIGTERM and exit kExitBackendBroken, so the pod restarts samplerd
+  // with a new context rather than keep a server that answers health but no step.
+  options.on_backend_broken = [](const absl::Status& why) {
+    if (g_backend_broken.exchange(true)) return;  // once
+    spdlog::error("the backend can run no more steps ({}): draining, then exiting {}",
+                  std::string(why.message()), kExitBackendBroken);
+    kill(getpid(), SIGTERM);
+  };
+  // The watchdog: a context torn down while no step runs (under MPS, by another client's
+  // fault) is noticed within the interval, so samplerd exits and the MPS server, which takes
+  // no new client until every old one has gone, can serve the restarted worker and samplerd.
+  std::atomic<bool> watchdog_stop{false};
+  std::thread watchdog;
+  const int check_ms = absl::GetFlag(FLAGS_context_check_interval_ms);
+  if (backend->Info().name == "cuda" && check_ms > 0) {
+    watchdog = std::thread([&backend, &watchdog_stop, &options, check_ms] {
+      while (!watchdog_stop.load()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(check_ms));
+        if (absl::Status broken = backend->Broken(); !broken.ok()) {
+          options.on_backend_broken(broken);
+          return;
+        }
+      }
+    });
+  }
+  struct JoinWatchdog {
+    std::atomic<bool>& stop;
+    std::thread& thread;
+    ~JoinWatchdog() {
+      stop.store(true);
+      if (thread.joinable()) thread.join();
+    }
+  } join_watchdog{watchdog_stop, watchdog};
   GroupRegistry groups(group_transport.get(), group_options,
                        [metrics_ptr](const std::string&, const std::string&) {
                          metrics_ptr->CountGroupFailure();
@@ -475,7 +539,7 @@ int Serve() {
   groups.Shutdown(absl::Seconds(2));
   spdlog::info("samplerd stopped: {} steps read, {} answered", service.steps_read(),
                service.steps_answered());
-  return 0;
+  return g_backend_broken.load() ? kExitBackendBroken : 0;
 }
 
 }  // namespace

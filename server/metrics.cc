@@ -94,6 +94,11 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
                                    .Help("Clients that own registered buffers or step channels")
                                    .Register(registry)
                                    .Add({});
+  metrics->mps_client_ = &prometheus::BuildGauge()
+                              .Name("samplerd_mps_client")
+                              .Help("1 when samplerd's CUDA context is an MPS client")
+                              .Register(registry)
+                              .Add({});
   metrics->tls_reload_failures_ =
       &prometheus::BuildCounter()
            .Name("samplerd_tls_reload_failures_total")
@@ -127,6 +132,8 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
 }
 
 Metrics::~Metrics() = default;
+
+void Metrics::SetMpsClient(bool mps) { mps_client_->Set(mps ? 1 : 0); }
 
 void Metrics::SetTrackedClients(int count) { tracked_clients_->Set(count); }
 

@@ -7,7 +7,7 @@
 // samplerd_requests_total{kind}, samplerd_errors_total{code} (step and request faults),
 // samplerd_steps_in_flight, samplerd_registered_buffers, samplerd_group_failures_total
 // (context-parallel groups aborted after an error, a missed deadline or a join timeout),
-// samplerd_tls_reload_failures_total, samplerd_tracked_clients.
+// samplerd_tls_reload_failures_total, samplerd_tracked_clients, samplerd_mps_client.
 // Thread-safe.
 #ifndef SAMPLERD_SERVER_METRICS_H_
 #define SAMPLERD_SERVER_METRICS_H_
@@ -57,6 +57,8 @@ class Metrics final {
   // or "taken_over".
   void CountReleasedBuffers(const char* why, int count);
   void CountGroupFailure();
+  // 1 when samplerd's CUDA context is an MPS client.
+  void SetMpsClient(bool mps);
   // Clients that own registrations or step channels now (their lease entries).
   void SetTrackedClients(int count);
   // A TLS re-read that found an unusable key or certificate (server/tls_listener.h).
@@ -85,6 +87,7 @@ class Metrics final {
   prometheus::Counter* group_failures_ = nullptr;
   prometheus::Counter* tls_reload_failures_ = nullptr;
   prometheus::Gauge* tracked_clients_ = nullptr;
+  prometheus::Gauge* mps_client_ = nullptr;
   absl::Mutex mu_;  // guards adding labelled children to errors_
 };
 

@@ -299,6 +299,10 @@ absl::Status SamplerService::RunStep(const v1::SampleRequest& request,
   if (!result.ok()) {
     metrics_.CountError(result.status().code());
     spdlog::warn("step {} failed: {}", request.step_id(), result.status().ToString());
+    if (absl::Status broken = backend_.Broken(); !broken.ok() && options_.on_backend_broken &&
+                                                 !broken_reported_.exchange(true)) {
+      options_.on_backend_broken(broken);
+    }
     return result.status();
   }
   ResultToProto(*result, response);
@@ -659,6 +663,7 @@ grpc::Status SamplerService::GetServerInfo(grpc::ServerContext*, const v1::GetSe
   response->set_server_id(server_id_);
   response->set_backend(info.name);
   response->set_device(info.device);
+  response->set_mps(info.mps);
   v1::ServerLimits* limits = response->mutable_limits();
   limits->set_max_rows(options_.limits.max_rows);
   limits->set_max_vocab_size(options_.limits.max_vocab_size);
@@ -695,6 +700,7 @@ grpc::Status SamplerService::GetServerInfo(grpc::ServerContext*, const v1::GetSe
         "registration_leases", "dry"}) {
     response->add_features(feature);
   }
+  if (info.mps) response->add_features("mps");
   if (groups_.available()) {
     response->add_features("cp_groups");
     response->add_features("nccl_logits");

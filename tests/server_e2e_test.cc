@@ -69,6 +69,9 @@ TEST_F(ServerE2E, HealthAndServerInfo) {
   EXPECT_EQ(info->limits().max_request_memory_bytes(), int64_t{2} << 30);
   EXPECT_EQ(info->limits().draft_pool_ttl_ms(), 60000);
   EXPECT_GT(info->limits().draft_pool_bytes(), 325LL * 129280 * 4);
+  // The CPU backend is no MPS client (issue 46), and a new GPU context cannot be had here.
+  EXPECT_FALSE(info->mps());
+  EXPECT_EQ(RunProcess({g_samplerd, "--probe_gpu_context"}), 1);
 }
 
 TEST_F(ServerE2E, DrainingReportsNotServingThenExitsZero) {
@@ -477,6 +480,7 @@ TEST_F(ServerE2E, PrometheusMetricsCountSteps) {
   EXPECT_THAT(metrics, HasSubstr("samplerd_rows_total{kind=\"PREFILL\"} 5"));
   EXPECT_THAT(metrics, HasSubstr("samplerd_errors_total{code=\"INVALID_ARGUMENT\"} 1"));
   EXPECT_THAT(metrics, HasSubstr("samplerd_steps_in_flight 0"));
+  EXPECT_EQ(MetricValue(metrics, "samplerd_mps_client"), 0);  // the CPU backend (issue 46)
 }
 
 TEST_F(ServerE2E, ListensOnAUnixSocket) {

@@ -68,7 +68,6 @@ def test_killed_cuda_ipc_workers_leave_nothing_behind(tmp_path):
                 worker = subprocess.Popen([sys.executable, "-c", WORKER, server.target, how],
                                           stdout=subprocess.PIPE, text=True)
                 assert worker.stdout.readline().strip() == "READY", f"worker {i} ({how})"
-                assert [b.name for b in watcher.list_buffers()] == ["worker-pool"]
                 assert free_bytes() < before - GIB // 2  # the pool is there
                 killed = time.monotonic()
                 worker.send_signal(signal.SIGKILL)
@@ -79,7 +78,8 @@ def test_killed_cuda_ipc_workers_leave_nothing_behind(tmp_path):
                 took = time.monotonic() - killed
                 assert free_bytes() >= before - (64 << 20), \
                     f"worker {i} ({how}): device memory not back {took:.2f} s after the kill"
-                assert watcher.list_buffers() == []
+                # (The worker's region is not the watcher's to list since issue 45: the memory
+                # coming back is what shows it was released; the next worker registers the name.)
                 times[how].append(took * 1000)
                 rss.append(rss_kib(server.proc.pid))
     finally:

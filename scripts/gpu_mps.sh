@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Issue 46 on the GPU machine: samplerd and PyTorch workers as clients of one MPS server.
+# Here: `bash scripts/gpu_mps.sh` builds samplerd (CUDA) and packs it with the Python client
+# into .device-pack-mps. There (one `device` call, carrying .device-pack-mps):
+#   bash scripts/gpu_mps.sh run
+# runs the CUDA client tests (test_cuda.py: a worker's tensor with a ready event, CPU == CUDA;
+# test_cuda_dead_worker.py: 20 workers SIGKILLed) without MPS, then under a private MPS control
+# daemon (started for the call and always stopped: the card's settings are not touched):
+# `samplerd --probe_gpu_context` must say MPS client, bench/mps_wedge.py kills workers while
+# their kernels run (samplerd must exit 3 and every replacement get a context and sample), and
+# the same client tests again. Exits non-zero if any of it failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+pack=.device-pack-mps
+if [[ ${1:-} == run ]]; then
+  source $pack/env.sh
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site $pack/wheels/*.whl || exit 1
+  export PYTHONPATH=/tmp/site SAMPLERD_BIN=$PWD/$pack/bin/samplerd SAMPLERD_TEST_BACKEND=cuda
+  status=0
+  echo "=== without MPS"
+  $pack/bin/samplerd --probe_gpu_context || status=1
+  python3 -m pytest -q -s -p no:cacheprovider client/python/tests/test_cuda.py \
+    client/python/tests/test_cuda_dead_worker.py || status=1
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/samplerd-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/samplerd-mps/log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d || { echo "gpu_mps: the MPS control daemon did not start"; exit 1; }
+  trap 'echo quit | nvidia-cuda-mps-control; sleep 1' EXIT
+  echo "=== under MPS"
+  $pack/bin/samplerd --probe_gpu_context | tee /tmp/probe.txt || status=1
+  grep -q "MPS client" /tmp/probe.txt || { echo "gpu_mps: not an MPS client under MPS"; status=1; }
+  # Workers killed mid-kernel: samplerd must exit (3) so the MPS server serves the next ones.
+  timeout 240 python3 bench/mps_wedge.py $pack/bin/samplerd "${2:-15}" || status=1
+  python3 -m pytest -q -s -p no:cacheprovider client/python/tests/test_cuda.py \
+    client/python/tests/test_cuda_dead_worker.py || status=1
+  echo "=== after the tests: a new context still comes"
+  $pack/bin/samplerd --probe_gpu_context || status=1
+  tail -n 20 "$CUDA_MPS_LOG_DIRECTORY"/server.log 2>/dev/null
+  exit $status
+fi
+bazel build //server:samplerd || exit 1
+grep -qx "/$pack/" .git/info/exclude 2>/dev/null || echo "/$pack/" >> .git/info/exclude
+rm -rf $pack
+../shared/tools/device-pack $pack bazel-bin/server/samplerd || exit 1
+venv=$(bash scripts/pyvenv.sh client/python/tests/requirements.txt)
+"$venv/bin/pip" wheel -q --disable-pip-version-check --no-deps -w $pack/wheels ./client/python
+"$venv/bin/pip" download -q --disable-pip-version-check --no-deps -d $pack/wheels \
+  pytest pluggy iniconfig packaging
+du -sh $pack
