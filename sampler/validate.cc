@@ -607,7 +607,8 @@ void PrepareRowUpdates(StepPlan& plan, const Limits& limits, MemoryBudget* budge
                   : std::vector<TokenUpdate>();
     request.prepared_updates.resize(request.sampled_rows.size());
     for (size_t r = 0; r < request.sampled_rows.size(); ++r) {
-      const std::vector<int32_t> drafts = DraftsBefore(inputs, step.kind, static_cast<int32_t>(r));
+      const std::vector<int32_t> drafts =
+          DraftsBefore(inputs, step.kind, static_cast<int32_t>(r));
       request.prepared_updates[r] = std::make_shared<const std::vector<TokenUpdate>>(
           RowTokenUpdates(request.adjustments, request.params.Penalties(), history,
                           inputs.prompt_token_ids, inputs.output_token_ids, drafts));

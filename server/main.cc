@@ -197,23 +197,22 @@ constexpr int kExitBackendBroken = 3;
 
 int Serve() {
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
-#ifdef SAMPLERD_WITH_CUDA
   if (absl::GetFlag(FLAGS_probe_gpu_context)) {
     // A new process's context, as a restarted worker's would be: the MPS daemon's liveness.
+#ifdef SAMPLERD_WITH_CUDA
     auto probed = ProbeDeviceContext(absl::GetFlag(FLAGS_cuda_device));
+#else
+    absl::StatusOr<std::string> probed =
+        absl::UnavailableError("this samplerd was built without CUDA");
+#endif
     if (!probed.ok()) {
-      std::fprintf(stderr, "probe_gpu_context: %s\n", std::string(probed.status().message()).c_str());
+      std::fprintf(stderr, "probe_gpu_context: %s\n",
+                   std::string(probed.status().message()).c_str());
       return 1;
     }
     std::printf("probe_gpu_context: %s\n", probed->c_str());
     return 0;
   }
-#else
-  if (absl::GetFlag(FLAGS_probe_gpu_context)) {
-    std::fprintf(stderr, "probe_gpu_context: this samplerd was built without CUDA\n");
-    return 1;
-  }
-#endif
   const std::string backend_flag = absl::GetFlag(FLAGS_backend);
   if (backend_flag != "auto" && backend_flag != "cpu" && backend_flag != "cuda") {
     spdlog::error("--backend={}: expected auto, cpu or cuda", backend_flag);
@@ -436,10 +435,9 @@ int Serve() {
   std::vector<std::unique_ptr<LocalListener>> local_listeners;
   std::unique_ptr<TlsMirror> tls_mirror;  // TLS: the checked copies gRPC reads
   if (!listen.empty()) {
-    Metrics* counted = metrics->get();
     auto credentials = ListenerCredentials(
         tls, listen, absl::GetFlag(FLAGS_allow_insecure_network),
-        [counted](const absl::Status&) { counted->CountTlsReloadFailure(); });
+        [metrics_ptr](const absl::Status&) { metrics_ptr->CountTlsReloadFailure(); });
     if (!credentials.ok()) {
       spdlog::error("{}", std::string(credentials.status().message()));
       return 2;

@@ -299,8 +299,7 @@ absl::Status SamplerService::RunStep(const v1::SampleRequest& request,
   if (!result.ok()) {
     metrics_.CountError(result.status().code());
     spdlog::warn("step {} failed: {}", request.step_id(), result.status().ToString());
-    if (absl::Status broken = backend_.Broken(); !broken.ok() && options_.on_backend_broken &&
-                                                 !broken_reported_.exchange(true)) {
+    if (absl::Status broken = backend_.Broken(); !broken.ok() && options_.on_backend_broken) {
       options_.on_backend_broken(broken);
     }
     return result.status();

@@ -60,9 +60,10 @@ struct ServiceOptions {
   // Called with false when no new stream can be opened (max_open_streams reached), with true
   // once one can again: main turns health NOT_SERVING meanwhile.
   std::function<void(bool)> on_accepting_streams;
-  // Called once, with the reason, when a step's failure left the backend unable to run any
+  // Called with the reason after each failed step that left the backend unable to run any
   // step again (Backend::Broken: a CUDA context lost to a sticky fault or its MPS server):
-  // main drains and exits, so the pod restarts samplerd with a new context.
+  // main (which acts on the first call only) drains and exits, so the pod restarts samplerd
+  // with a new context.
   std::function<void(const absl::Status&)> on_backend_broken;
 };
 
@@ -187,7 +188,6 @@ class SamplerService final : public v1::Sampler::Service {
   absl::Status AdmitStream(const std::string& client);
   void EndStream(const std::string& client);
   std::atomic<int> tls_port_{0};
-  std::atomic<bool> broken_reported_{false};
   // Closes and logs the owner's channels (`why`: ReleaseOwner's reason), or with owner ""
   // those their workers closed.
   void DropChannels(const std::string& owner, const char* why);

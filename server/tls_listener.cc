@@ -106,9 +106,6 @@ absl::Status CheckKeyPair(const std::string& cert_pem, const std::string& key_pe
   return absl::OkStatus();
 }
 
-namespace {
-}  // namespace
-
 bool IsLoopbackAddress(absl::string_view address) {
   // gRPC's scheme-qualified forms name the same hosts.
   if (!absl::ConsumePrefix(&address, "ipv4:")) absl::ConsumePrefix(&address, "ipv6:");

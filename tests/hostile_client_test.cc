@@ -359,8 +359,7 @@ TEST_F(Hostile, ShardsCannotExhaustServerMemory) {
   EXPECT_THAT(std::string(reply.status().message()), HasSubstr("--max_request_memory_bytes"));
   const int64_t growth_kib = server_->RssKib("VmHWM:") - rss_before;
   // Twice the budget; ThreadSanitizer's shadow memory multiplies what a byte costs.
-  const char* sanitizer = std::getenv("SAMPLERD_SANITIZER");
-  const int64_t scale = sanitizer != nullptr && std::string(sanitizer) == "tsan" ? 8 : 1;
+  const int64_t scale = UnderThreadSanitizer() ? 8 : 1;
   EXPECT_LT(growth_kib, scale * 64 * 1024) << "peak RSS grew by " << growth_kib << " KiB";
   ExpectAlive();
 }
@@ -393,8 +392,7 @@ TEST_F(Hostile, ContextHistoryMemoryIsCountedInTheRequestBudget) {
   EXPECT_EQ(reply->results(1).token_ids_size(), 1);
   // The message itself (16 MB parsed, twice over the wire) is all the step cost.
   const int64_t growth_kib = server_->RssKib("VmHWM:") - rss_before;
-  const char* sanitizer = std::getenv("SAMPLERD_SANITIZER");
-  const int64_t scale = sanitizer != nullptr && std::string(sanitizer) == "tsan" ? 8 : 1;
+  const int64_t scale = UnderThreadSanitizer() ? 8 : 1;
   EXPECT_LT(growth_kib, scale * 96 * 1024) << "peak RSS grew by " << growth_kib << " KiB";
   ExpectAlive();
 }
@@ -407,10 +405,8 @@ TEST_F(Hostile, ContextHistoryMemoryIsCountedInTheRequestBudget) {
 TEST_F(Hostile, AHeavyStepDoesNotStallOtherClients) {
   ASSERT_NO_FATAL_FAILURE(StartServer());
   // ThreadSanitizer runs the DRY scan some 50 times slower: a shorter context is still heavy.
-  const char* sanitizer = std::getenv("SAMPLERD_SANITIZER");
-  const bool tsan = sanitizer != nullptr && std::string(sanitizer) == "tsan";
   constexpr int kRows = 32, kVocab = 64;
-  const int kContext = tsan ? 1 << 15 : 1 << 19;
+  const int kContext = UnderThreadSanitizer() ? 1 << 15 : 1 << 19;
   v1::SampleRequest heavy = SmallStep(12, kRows, kVocab);
   v1::SamplerInputs* in = heavy.mutable_inputs();
   in->set_kind(v1::DECODE);
@@ -497,8 +493,7 @@ TEST_F(Hostile, ShardedColumnsOverTheLimitAreRefusedBeforeAnyCopy) {
               HasSubstr("logits.cols: 268435456 (the shards' columns added up) exceeds the "
                         "server limit of 4194304"));
   const int64_t growth_kib = server_->RssKib("VmHWM:") - rss_before;
-  const char* sanitizer = std::getenv("SAMPLERD_SANITIZER");
-  const int64_t scale = sanitizer != nullptr && std::string(sanitizer) == "tsan" ? 8 : 1;
+  const int64_t scale = UnderThreadSanitizer() ? 8 : 1;
   EXPECT_LT(growth_kib, scale * 64 * 1024) << "peak RSS grew by " << growth_kib << " KiB";
   // Milliseconds, not the seconds a 1 GiB copy takes; loose for sanitizers and a loaded CI box.
   EXPECT_LT(ms, 1000.0) << "refused after " << ms << " ms";

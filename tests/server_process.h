@@ -164,6 +164,14 @@ inline double MetricValue(const std::string& metrics, const std::string& name) {
   return std::strtod(metrics.c_str() + at + name.size() + 2, nullptr);
 }
 
+// Whether the tests run under ThreadSanitizer (.bazelrc's --config=tsan sets
+// SAMPLERD_SANITIZER): its shadow memory multiplies what a byte costs, and it runs code tens of
+// times slower.
+inline bool UnderThreadSanitizer() {
+  const char* sanitizer = std::getenv("SAMPLERD_SANITIZER");
+  return sanitizer != nullptr && std::string(sanitizer) == "tsan";
+}
+
 // Runs `argv` to completion; returns its exit code.
 inline int RunProcess(std::vector<std::string> argv) {
   const pid_t pid = fork();
