@@ -65,7 +65,7 @@ absl::StatusOr<std::string> RunLocalJson(const std::string& json, const RunLocal
     const auto computed = timer.computed;
     const auto done = timer.done;
     v1::SampleResponse* response = responses.add_steps();
-    ResultToProto(*result, response);
+    ResultToProto(*result, response, steps->steps(i).packed_results());
     auto us = [](auto d) { return std::chrono::duration_cast<std::chrono::microseconds>(d).count(); };
     response->mutable_timing()->set_queue_us(0);
     response->mutable_timing()->set_compute_us(us(done - computed));

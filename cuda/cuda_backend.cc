@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -26,6 +27,50 @@ namespace {
 
 // Jobs of one launch: bounds the workspace (jobs x V floats) whatever the prompt length.
 constexpr size_t kMaxJobsPerLaunch = 8192;
+
+// Writes a step's tokens where its StepOutput asked (issue 46), on `stream`, in the order the
+// proto promises: token ids, accept counts, the done word, then the done event. The tokens are
+// the assembled results (a DECODE's accepted prefix is decided on the host), so they are copied
+// up from here; the step waits for the copies, so the host arrays and the regions' leases
+// outlive them.
+absl::Status WriteStepOutput(cudaStream_t stream, const StepOutputTarget& out,
+                             const StepResult& result) {
+  const size_t requests = result.results.size();
+  std::vector<int32_t> tokens;
+  if (out.token_ids != nullptr) {
+    const size_t stride = static_cast<size_t>(out.tokens_per_request);
+    tokens.assign(requests * stride, -1);
+    for (size_t i = 0; i < requests; ++i) {
+      const RequestResult& r = result.results[i];
+      if (!r.status.ok()) continue;
+      // Planning checked the stride against every request; min() keeps the copy in bounds.
+      std::copy_n(r.token_ids.begin(), std::min(stride, r.token_ids.size()),
+                  tokens.begin() + static_cast<std::ptrdiff_t>(i * stride));
+    }
+    SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(out.token_ids, tokens.data(),
+                                         tokens.size() * sizeof(int32_t),
+                                         cudaMemcpyHostToDevice, stream));
+  }
+  std::vector<int32_t> accepted;
+  if (out.num_accepted != nullptr) {
+    accepted.resize(requests);
+    for (size_t i = 0; i < requests; ++i) accepted[i] = result.results[i].num_accepted;
+    SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(out.num_accepted, accepted.data(),
+                                         accepted.size() * sizeof(int32_t),
+                                         cudaMemcpyHostToDevice, stream));
+  }
+  const uint32_t done = out.done_value;
+  if (out.done_word != nullptr) {
+    SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(out.done_word, &done, sizeof(done),
+                                         cudaMemcpyHostToDevice, stream));
+  }
+  if (out.done_event != nullptr) {
+    SAMPLERD_CUDA_RETURN(cudaEventRecord(
+        static_cast<cudaEvent_t>(const_cast<void*>(out.done_event)), stream));
+  }
+  SAMPLERD_CUDA_RETURN(cudaStreamSynchronize(stream));
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -249,6 +294,9 @@ absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
   result.kernel_us = kernel_us;
   cuda::DecodedResults decoded = cuda::DecodeJobResults(plan, jobs, results, result);
   AssembleStepResult(plan, tasks, decoded.outcomes, decoded.prompt_logprobs, impl.pool, result);
+  if (plan.step->output.any()) {
+    RETURN_IF_ERROR(WriteStepOutput(lane->stream, plan.step->output, result));
+  }
   return result;
 }
 

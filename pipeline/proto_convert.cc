@@ -1,9 +1,12 @@
 #include "pipeline/proto_convert.h"
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "sampler/extent.h"
+#include "sampler/status_macros.h"
 
 namespace samplerd {
 namespace {
@@ -278,6 +281,137 @@ absl::Status RequestFromProto(const v1::RequestInputs& in, const std::string& fi
   return absl::OkStatus();
 }
 
+// Little-endian arrays of a RequestBatch: `bytes` holds B elements of T (B = `count`, or taken
+// from the first array when count < 0); empty = absent.
+template <typename T>
+absl::StatusOr<std::vector<T>> BatchArray(const std::string& bytes, int64_t count,
+                                          const std::string& field) {
+  std::vector<T> out;
+  if (bytes.empty()) return out;
+  if (bytes.size() % sizeof(T) != 0 ||
+      (count >= 0 && static_cast<int64_t>(bytes.size() / sizeof(T)) != count)) {
+    return FieldError(field, absl::StrCat("holds ", bytes.size(), " bytes: expected ",
+                                          count >= 0 ? absl::StrCat(count) : "B", " elements of ",
+                                          sizeof(T), " bytes"));
+  }
+  out.resize(bytes.size() / sizeof(T));
+  std::memcpy(out.data(), bytes.data(), bytes.size());  // little-endian hosts only (x86, arm)
+  return out;
+}
+
+// Expands a RequestBatch into its B requests (issue 46), B bounded by max_requests before
+// anything is allocated.
+absl::Status BatchFromProto(const v1::RequestBatch& batch, StepKind kind, const Limits& limits,
+                            std::vector<RequestInputs>& requests) {
+  const std::string field = "inputs.batch";
+  if (kind == StepKind::kDraft) {
+    return FieldError(field, "DRAFT steps name their rows per request: use requests");
+  }
+  if (batch.rows().empty()) return FieldError(field + ".rows", "required: int32 per request");
+  const int64_t count = static_cast<int64_t>(batch.rows().size() / sizeof(int32_t));
+  if (count > limits.max_requests) {
+    return FieldError(field + ".rows", absl::StrCat(count, " requests exceed the server's ",
+                                                    limits.max_requests, " a step"));
+  }
+  ASSIGN_OR_RETURN(std::vector<int32_t> rows, BatchArray<int32_t>(batch.rows(), -1, field + ".rows"));
+  ASSIGN_OR_RETURN(std::vector<int32_t> num_rows,
+                   BatchArray<int32_t>(batch.num_rows(), count, field + ".num_rows"));
+  ASSIGN_OR_RETURN(std::vector<int64_t> positions,
+                   BatchArray<int64_t>(batch.sample_positions(), count,
+                                       field + ".sample_positions"));
+  ASSIGN_OR_RETURN(std::vector<uint64_t> seeds,
+                   BatchArray<uint64_t>(batch.seq_seeds(), count, field + ".seq_seeds"));
+  if (kind == StepKind::kPrefill && !num_rows.empty()) {
+    return FieldError(field + ".num_rows", "is for DECODE steps");
+  }
+  const SamplingParams params = ParamsFromProto(batch.params());
+  requests.resize(count);
+  for (int64_t i = 0; i < count; ++i) {
+    RequestInputs& r = requests[i];
+    r.request_id = absl::StrCat(batch.request_id_prefix(), i);
+    r.params = params;
+    if (!seeds.empty()) r.params.seq_seed = seeds[i];
+    if (kind == StepKind::kPrefill) {
+      r.row = rows[i];
+    } else {
+      r.first_row = rows[i];
+      r.num_rows = num_rows.empty() ? 1 : num_rows[i];
+    }
+    if (!positions.empty()) r.sample_position = positions[i];
+  }
+  return absl::OkStatus();
+}
+
+// The tokens a request can emit: the stride StepOutput.token_ids needs.
+int64_t MaxTokensOf(const RequestInputs& r, StepKind kind) {
+  switch (kind) {
+    case StepKind::kPrefill:
+      return 1;
+    case StepKind::kDecode:
+      return std::max<int64_t>(1, r.num_rows);
+    case StepKind::kDraft:
+      return std::max<int64_t>(1, static_cast<int64_t>(r.rows.size()));
+  }
+  return 1;
+}
+
+// Resolves a StepOutput's slices against the caller's output regions (writable device memory,
+// bounds-checked) and its done event.
+absl::Status OutputFromProto(const v1::StepOutput& in, Step& step, ConvertedStep& holder,
+                             const ConvertContext& ctx) {
+  const std::string field = "output";
+  if (ctx.resolver == nullptr) {
+    return absl::FailedPreconditionError(
+        "output: writing tokens into device memory needs samplerd's CUDA backend");
+  }
+  StepOutputTarget& out = step.output;
+  const int64_t requests = static_cast<int64_t>(step.requests.size());
+  if (in.tokens_per_request() < 0) {
+    return FieldError(field + ".tokens_per_request", "must be >= 0 (0 = 1)");
+  }
+  out.tokens_per_request = std::max(1, in.tokens_per_request());
+  auto slice = [&](const v1::BufferSlice& s, int64_t bytes,
+                   const std::string& name) -> absl::StatusOr<void*> {
+    std::shared_ptr<const void> lease;
+    ASSIGN_OR_RETURN(void* data, ctx.resolver->ResolveOutput(s, bytes, field + "." + name, &lease));
+    holder.leases.push_back(std::move(lease));
+    return data;
+  };
+  if (in.has_token_ids()) {
+    for (int64_t i = 0; i < requests; ++i) {
+      const int64_t need = MaxTokensOf(step.requests[i], step.kind);
+      if (need > out.tokens_per_request) {
+        return FieldError(field + ".tokens_per_request",
+                          absl::StrCat(out.tokens_per_request, " is fewer than the ", need,
+                                       " tokens requests[", i, "] can emit"));
+      }
+    }
+    int64_t bytes = 0;  // requests <= 2^31, tokens_per_request < 2^31: checked anyway
+    if (!CheckedMul(requests, out.tokens_per_request, &bytes) ||
+        !CheckedMul(bytes, static_cast<int64_t>(sizeof(int32_t)), &bytes)) {
+      return FieldError(field + ".tokens_per_request", "the token area's size overflows");
+    }
+    if (bytes > 0) {
+      ASSIGN_OR_RETURN(out.token_ids, slice(in.token_ids(), bytes, "token_ids"));
+    }
+  }
+  if (in.has_num_accepted() && requests > 0) {
+    ASSIGN_OR_RETURN(out.num_accepted,
+                     slice(in.num_accepted(), requests * int64_t{sizeof(int32_t)}, "num_accepted"));
+  }
+  if (in.has_done_word()) {
+    ASSIGN_OR_RETURN(out.done_word, slice(in.done_word(), sizeof(uint32_t), "done_word"));
+    out.done_value = in.done_value();
+  }
+  if (!in.done_event().empty()) {
+    std::shared_ptr<const void> lease;
+    ASSIGN_OR_RETURN(out.done_event,
+                     ctx.resolver->ResolveReadyEvent(in.done_event(), field + ".done_event", &lease));
+    holder.leases.push_back(std::move(lease));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ConvertedStep>> StepFromProto(const v1::SampleRequest& request,
@@ -309,14 +443,34 @@ absl::StatusOr<std::unique_ptr<ConvertedStep>> StepFromProto(const v1::SampleReq
   auto logits = TensorView(request.logits(), "logits", *converted, ctx);
   if (!logits.ok()) return logits.status();
   step.logits = *logits;
-  step.requests.resize(inputs.requests_size());
-  converted->request_faults.resize(inputs.requests_size());
-  for (int i = 0; i < inputs.requests_size(); ++i) {
-    converted->request_faults[i] =
-        RequestFromProto(inputs.requests(i), absl::StrCat("requests[", i, "]"), *converted,
-                         ctx, step.requests[i]);
+  if (inputs.has_batch()) {
+    if (inputs.requests_size() > 0) {
+      return FieldError("inputs.batch", "set either requests or batch, not both");
+    }
+    RETURN_IF_ERROR(BatchFromProto(inputs.batch(), step.kind, limits, step.requests));
+    converted->request_faults.resize(step.requests.size());
+  } else {
+    step.requests.resize(inputs.requests_size());
+    converted->request_faults.resize(inputs.requests_size());
+    for (int i = 0; i < inputs.requests_size(); ++i) {
+      converted->request_faults[i] =
+          RequestFromProto(inputs.requests(i), absl::StrCat("requests[", i, "]"), *converted,
+                           ctx, step.requests[i]);
+    }
+  }
+  if (request.has_output()) {
+    RETURN_IF_ERROR(OutputFromProto(request.output(), step, *converted, ctx));
   }
   return converted;
+}
+
+absl::StatusOr<void*> LogitsSourceResolver::ResolveOutput(const v1::BufferSlice& /*slice*/,
+                                                          int64_t /*byte_extent*/,
+                                                          const std::string& field,
+                                                          std::shared_ptr<const void>* /*lease*/) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      field, ": writing tokens into device memory needs samplerd's CUDA backend and a region "
+             "registered for output"));
 }
 
 absl::Status ConvertedStep::VerifyAfterRead() const {
@@ -340,8 +494,66 @@ absl::StatusOr<StepPlan> PlanConvertedStep(const ConvertedStep& converted, const
   return plan;
 }
 
-void ResultToProto(const StepResult& result, v1::SampleResponse* response) {
+namespace {
+
+template <typename T>
+void AppendBytes(std::string* out, const T* data, size_t count) {
+  out->append(reinterpret_cast<const char*>(data), count * sizeof(T));  // little-endian hosts
+}
+
+void PackedResultsToProto(const StepResult& result, v1::PackedResults* out) {
+  size_t k = 0;
+  bool named = false;
+  for (const RequestResult& r : result.results) {
+    for (const TopLogprobs& top : r.top_logprobs) k = std::max(k, top.token_ids.size());
+    named = named || !r.request_id.empty();
+  }
+  out->set_top_logprobs(static_cast<int32_t>(k));
+  std::vector<int32_t> codes, counts, accepted, prompt_counts;
+  std::vector<uint64_t> seeds;
+  for (const RequestResult& r : result.results) {
+    codes.push_back(static_cast<int32_t>(r.status.code()));  // absl and gRPC codes coincide
+    if (!r.status.ok()) out->add_errors(std::string(r.status.message()));
+    counts.push_back(static_cast<int32_t>(r.token_ids.size()));
+    accepted.push_back(r.num_accepted);
+    prompt_counts.push_back(static_cast<int32_t>(r.prompt_logprobs.size()));
+    seeds.push_back(r.seq_seed);
+    if (named) out->add_request_ids(r.request_id);
+    AppendBytes(out->mutable_token_ids(), r.token_ids.data(), r.token_ids.size());
+    AppendBytes(out->mutable_logprobs(), r.logprobs.data(), r.logprobs.size());
+    AppendBytes(out->mutable_sum_smaller_probs(), r.sum_smaller_probs.data(),
+                r.sum_smaller_probs.size());
+    AppendBytes(out->mutable_prompt_logprobs(), r.prompt_logprobs.data(),
+                r.prompt_logprobs.size());
+    if (k == 0) continue;
+    for (size_t t = 0; t < r.token_ids.size(); ++t) {
+      std::vector<int32_t> ids(k, -1);
+      std::vector<float> values(k, -std::numeric_limits<float>::infinity());
+      if (t < r.top_logprobs.size()) {
+        std::copy(r.top_logprobs[t].token_ids.begin(), r.top_logprobs[t].token_ids.end(),
+                  ids.begin());
+        std::copy(r.top_logprobs[t].logprobs.begin(), r.top_logprobs[t].logprobs.end(),
+                  values.begin());
+      }
+      AppendBytes(out->mutable_top_token_ids(), ids.data(), k);
+      AppendBytes(out->mutable_top_token_logprobs(), values.data(), k);
+    }
+  }
+  AppendBytes(out->mutable_status_codes(), codes.data(), codes.size());
+  AppendBytes(out->mutable_token_counts(), counts.data(), counts.size());
+  AppendBytes(out->mutable_num_accepted(), accepted.data(), accepted.size());
+  AppendBytes(out->mutable_prompt_counts(), prompt_counts.data(), prompt_counts.size());
+  AppendBytes(out->mutable_seq_seeds(), seeds.data(), seeds.size());
+}
+
+}  // namespace
+
+void ResultToProto(const StepResult& result, v1::SampleResponse* response, bool packed) {
   response->set_step_id(result.step_id);
+  if (packed) {
+    PackedResultsToProto(result, response->mutable_packed());
+    return;
+  }
   for (const RequestResult& r : result.results) {
     v1::RequestResult* out = response->add_results();
     out->set_request_id(r.request_id);

@@ -46,6 +46,13 @@ class LogitsSourceResolver {
   virtual absl::StatusOr<const void*> ResolveReadyEvent(const std::string& handle,
                                                         const std::string& field,
                                                         std::shared_ptr<const void>* lease) = 0;
+  // Resolves a StepOutput slice: `byte_extent` writable device bytes of a region the caller
+  // registered for output. Errors name `field`: NOT_FOUND (no such region of the caller),
+  // FAILED_PRECONDITION (not registered for output), INVALID_ARGUMENT (past its end, or not
+  // 4-byte aligned). The default: no output regions here.
+  virtual absl::StatusOr<void*> ResolveOutput(const v1::BufferSlice& slice, int64_t byte_extent,
+                                              const std::string& field,
+                                              std::shared_ptr<const void>* lease);
 };
 
 // A Step converted from a SampleRequest, with everything its views point into.
@@ -92,8 +99,10 @@ absl::StatusOr<std::unique_ptr<ConvertedStep>> StepFromProto(const v1::SampleReq
 absl::StatusOr<StepPlan> PlanConvertedStep(const ConvertedStep& converted, const Limits& limits,
                                            const SeedSource& seed_source);
 
-// Fills `response` (step_id and results; timing is the caller's).
-void ResultToProto(const StepResult& result, v1::SampleResponse* response);
+// Fills `response` (step_id and results; timing is the caller's): one RequestResult per
+// request, or with `packed` (SampleRequest.packed_results) the same results as arrays in
+// `response->packed`.
+void ResultToProto(const StepResult& result, v1::SampleResponse* response, bool packed = false);
 
 }  // namespace samplerd
 

@@ -188,5 +188,130 @@ TEST(ProtoConvert, ShardsAreReservedFromTheBudget) {
   EXPECT_EQ(enough.used(), 0);
 }
 
+// A resolver whose output regions are host bytes (the conversion's checks, not the writes).
+class OutputResolver final : public LogitsSourceResolver {
+ public:
+  absl::StatusOr<const void*> Resolve(const v1::Tensor&, int64_t, const std::string& field,
+                                      bool*, std::shared_ptr<const void>*,
+                                      std::function<absl::Status()>*) override {
+    return absl::UnimplementedError(field);
+  }
+  absl::StatusOr<const void*> ResolveReadyEvent(const std::string&, const std::string& field,
+                                                std::shared_ptr<const void>*) override {
+    return absl::UnimplementedError(field);
+  }
+  absl::StatusOr<void*> ResolveOutput(const v1::BufferSlice& slice, int64_t byte_extent,
+                                      const std::string& field,
+                                      std::shared_ptr<const void>*) override {
+    extents.emplace_back(field, byte_extent);
+    return bytes.data() + slice.byte_offset();
+  }
+  std::vector<std::pair<std::string, int64_t>> extents;
+  std::vector<char> bytes = std::vector<char>(4096);
+};
+
+TEST(ProtoConvert, ABatchIsItsRequests) {
+  v1::SampleRequest request = Step(3, 8, Logits(24));
+  v1::SampleRequest batched = request;
+  batched.mutable_inputs()->clear_requests();
+  v1::RequestBatch* batch = batched.mutable_inputs()->mutable_batch();
+  batch->mutable_params()->set_top_logprobs(3);
+  const int32_t rows[] = {0, 1, 2};
+  const uint64_t seeds[] = {10, 11, 12};
+  batch->set_rows(std::string(reinterpret_cast<const char*>(rows), sizeof(rows)));
+  batch->set_seq_seeds(std::string(reinterpret_cast<const char*>(seeds), sizeof(seeds)));
+  batch->set_request_id_prefix("r");
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(Sample(request),
+                                                                 Sample(batched)));
+}
+
+TEST(ProtoConvert, PackedResultsHoldTheResults) {
+  const v1::SampleRequest request = Step(3, 8, Logits(24));
+  const v1::SampleResponse plain = Sample(request);
+  auto converted = StepFromProto(request, nullptr);
+  ASSERT_TRUE(converted.ok());
+  auto plan = PlanConvertedStep(**converted, Limits{}, [] { return uint64_t{0}; });
+  auto backend = CpuBackend::Create({.num_threads = 1});
+  auto result = (*backend)->Sample(*plan);
+  ASSERT_TRUE(result.ok());
+  v1::SampleResponse packed;
+  ResultToProto(*result, &packed, /*packed=*/true);
+  EXPECT_EQ(packed.results_size(), 0);
+  const v1::PackedResults& p = packed.packed();
+  ASSERT_EQ(p.top_logprobs(), 3);
+  ASSERT_EQ(p.token_ids().size(), 3 * sizeof(int32_t));
+  ASSERT_EQ(p.top_token_logprobs().size(), 9 * sizeof(float));
+  for (int i = 0; i < 3; ++i) {
+    int32_t token;
+    float logprob;
+    std::memcpy(&token, p.token_ids().data() + 4 * i, 4);
+    std::memcpy(&logprob, p.logprobs().data() + 4 * i, 4);
+    EXPECT_EQ(token, plain.results(i).token_ids(0));
+    EXPECT_EQ(logprob, plain.results(i).logprobs(0));
+    for (int k = 0; k < 3; ++k) {
+      int32_t top;
+      std::memcpy(&top, p.top_token_ids().data() + 4 * (3 * i + k), 4);
+      EXPECT_EQ(top, plain.results(i).top_logprobs(0).token_ids(k));
+    }
+    EXPECT_EQ(p.request_ids(i), plain.results(i).request_id());
+  }
+}
+
+TEST(ProtoConvert, OutputSlicesAreSizedByTheStep) {
+  v1::SampleRequest request = Step(4, 8, Logits(32));
+  request.mutable_inputs()->set_kind(v1::DECODE);
+  for (int i = 0; i < 4; ++i) {
+    v1::RequestInputs* r = request.mutable_inputs()->mutable_requests(i);
+    r->set_first_row(i);
+    r->set_num_rows(1);
+  }
+  request.mutable_inputs()->mutable_requests(3)->set_num_rows(1);
+  v1::StepOutput* out = request.mutable_output();
+  out->mutable_token_ids()->set_byte_offset(0);
+  out->mutable_num_accepted()->set_byte_offset(64);
+  out->mutable_done_word()->set_byte_offset(128);
+  out->set_done_value(7);
+  {
+    OutputResolver resolver;
+    auto converted = StepFromProto(request, &resolver);
+    ASSERT_TRUE(converted.ok()) << converted.status();
+    const StepOutputTarget& target = (*converted)->step.output;
+    EXPECT_EQ(target.tokens_per_request, 1);
+    EXPECT_EQ(target.done_value, 7u);
+    EXPECT_EQ(target.token_ids, resolver.bytes.data());
+    EXPECT_EQ(target.done_word, resolver.bytes.data() + 128);
+    EXPECT_THAT(resolver.extents,
+                ::testing::ElementsAre(std::make_pair(std::string("output.token_ids"), 16),
+                                       std::make_pair(std::string("output.num_accepted"), 16),
+                                       std::make_pair(std::string("output.done_word"), 4)));
+  }
+  // A request of q = 3 rows emits up to 3 tokens: a stride of 2 is refused, 3 sizes the area.
+  request.mutable_inputs()->mutable_requests(2)->set_num_rows(3);
+  out->set_tokens_per_request(2);
+  {
+    OutputResolver resolver;
+    auto converted = StepFromProto(request, &resolver);
+    ASSERT_FALSE(converted.ok());
+    EXPECT_THAT(converted.status().message(),
+                HasSubstr("output.tokens_per_request: 2 is fewer than the 3 tokens requests[2]"));
+  }
+  out->set_tokens_per_request(3);
+  {
+    OutputResolver resolver;
+    ASSERT_TRUE(StepFromProto(request, &resolver).ok());
+    EXPECT_EQ(resolver.extents[0].second, 4 * 3 * 4);
+  }
+  out->set_tokens_per_request(-1);
+  {
+    OutputResolver resolver;
+    EXPECT_THAT(StepFromProto(request, &resolver).status().message(),
+                HasSubstr("output.tokens_per_request: must be >= 0"));
+  }
+  // Without a resolver (run-local) nothing can be written.
+  out->set_tokens_per_request(3);
+  EXPECT_EQ(StepFromProto(request, nullptr).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace samplerd

@@ -125,6 +125,9 @@ absl::StatusOr<StepResult> CpuBackend::Sample(const StepPlan& plan) {
   if (plan.step->logits.on_device) {
     return absl::FailedPreconditionError("logits: device memory needs the CUDA backend");
   }
+  if (plan.step->output.any()) {
+    return absl::FailedPreconditionError("output: device memory needs the CUDA backend");
+  }
   absl::MutexLock lock(&mu_);
   const Step& step = *plan.step;
   const size_t num_requests = plan.requests.size();

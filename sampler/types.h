@@ -110,6 +110,22 @@ struct RequestInputs {
   std::vector<int32_t> prompt_targets;  // PREFILL
 };
 
+// Where a step's tokens also go in the caller's device memory (the proto's StepOutput), already
+// resolved and bounds-checked by the pipeline; the CUDA backend writes them after the step.
+// Null pointers: not asked for.
+struct StepOutputTarget {
+  void* token_ids = nullptr;       // int32 [requests][tokens_per_request]
+  int32_t tokens_per_request = 1;
+  void* num_accepted = nullptr;    // int32 [requests]
+  void* done_word = nullptr;       // uint32, set to done_value last
+  uint32_t done_value = 0;
+  const void* done_event = nullptr;  // the backend's native event, recorded after the writes
+  bool any() const {
+    return token_ids != nullptr || num_accepted != nullptr || done_word != nullptr ||
+           done_event != nullptr;
+  }
+};
+
 // One call: one logits tensor and the requests that read it.
 struct Step {
   uint64_t step_id = 0;
@@ -122,6 +138,7 @@ struct Step {
   // Whose draft pool entries the step stores and takes (DraftPoolKey): the server sets it from
   // the caller's identity, so clients never consume each other's drafts. "" = unscoped.
   std::string pool_scope;
+  StepOutputTarget output;
 };
 
 // The top logprobs of one emitted token: descending, ties by lower id, padded with (-1, -inf).

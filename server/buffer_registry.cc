@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "sampler/extent.h"
+#include "sampler/status_macros.h"
 #include "server/cuda_ipc_handle.h"
 
 namespace samplerd {
@@ -22,6 +23,11 @@ absl::StatusOr<v1::BufferInfo> BufferRegistry::Register(const v1::RegisterBuffer
   region->info.set_byte_size(request.byte_size());
   region->info.set_device_id(request.device_id());
   region->info.set_owner(owner);
+  if (request.output() && request.kind() != v1::CUDA_IPC) {
+    return absl::InvalidArgumentError(
+        "output: only CUDA_IPC regions take a step's tokens (StepOutput)");
+  }
+  region->info.set_output(request.output());
   switch (request.kind()) {
     case v1::HOST_SHM: {
       auto shm = ShmRegion::Open(request.shm_name(), request.byte_size(),
@@ -184,6 +190,46 @@ absl::StatusOr<const void*> BufferRegistry::ResolveReadyEvent(const std::string&
                                                               const std::string& field,
                                                               std::shared_ptr<const void>* lease) {
   return ResolveReadyEventFor("", handle, field, lease);
+}
+
+absl::StatusOr<void*> BufferRegistry::ResolveOutput(const v1::BufferSlice& slice,
+                                                    int64_t byte_extent, const std::string& field,
+                                                    std::shared_ptr<const void>* lease) {
+  return ResolveOutputFor("", slice, byte_extent, field, lease);
+}
+
+absl::StatusOr<void*> BufferRegistry::ResolveOutputFor(const std::string& owner,
+                                                       const v1::BufferSlice& slice,
+                                                       int64_t byte_extent,
+                                                       const std::string& field,
+                                                       std::shared_ptr<const void>* lease) {
+  std::shared_ptr<const Region> region;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = regions_.find(slice.name());
+    if (it == regions_.end() || (!owner.empty() && it->second->info.owner() != owner)) {
+      return absl::NotFoundError(absl::StrCat(field, ".name: no buffer named '", slice.name(),
+                                              "'", owner.empty() ? "" : " registered by this client"));
+    }
+    region = it->second;
+  }
+  if (!region->on_device || !region->info.output()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ".name: buffer '", slice.name(),
+        "' was not registered for output (a CUDA_IPC region with output set)"));
+  }
+  if (slice.byte_offset() % 4 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".byte_offset: ", slice.byte_offset(),
+                                                   " is not a multiple of 4"));
+  }
+  const int64_t size = region->info.byte_size();
+  RETURN_IF_ERROR(CheckSliceWithin(slice.byte_offset(), byte_extent, size,
+                                   field + ".byte_offset",
+                                   absl::StrCat("buffer '", slice.name(), "' of ", size, " bytes")));
+  *lease = region;
+  // The mapping is the owner's memory, opened read-write; registered for output, it may be
+  // written within the checked slice.
+  return static_cast<char*>(const_cast<void*>(region->data)) + slice.byte_offset();
 }
 
 absl::StatusOr<const void*> BufferRegistry::ResolveFor(const std::string& owner,

@@ -85,6 +85,11 @@ class BufferRegistry final : public LogitsSourceResolver {
                                                    const std::string& field,
                                                    std::shared_ptr<const void>* lease);
 
+  // ResolveOutput for a step of `owner`: only `owner`'s regions registered for output.
+  absl::StatusOr<void*> ResolveOutputFor(const std::string& owner, const v1::BufferSlice& slice,
+                                         int64_t byte_extent, const std::string& field,
+                                         std::shared_ptr<const void>* lease);
+
   absl::StatusOr<const void*> Resolve(const v1::Tensor& tensor, int64_t byte_extent,
                                       const std::string& field, bool* on_device,
                                       std::shared_ptr<const void>* lease,
@@ -92,6 +97,10 @@ class BufferRegistry final : public LogitsSourceResolver {
   absl::StatusOr<const void*> ResolveReadyEvent(const std::string& handle,
                                                 const std::string& field,
                                                 std::shared_ptr<const void>* lease) override;
+
+  absl::StatusOr<void*> ResolveOutput(const v1::BufferSlice& slice, int64_t byte_extent,
+                                      const std::string& field,
+                                      std::shared_ptr<const void>* lease) override;
 
   // One-off cuda_ipc handles and ready events stay open for reuse, up to this many each.
   static constexpr size_t kHandleCacheSize = 64;

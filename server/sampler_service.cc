@@ -94,6 +94,11 @@ class StepResolver final : public LogitsSourceResolver {
                                                 std::shared_ptr<const void>* lease) override {
     return base_.ResolveReadyEventFor(owner_, handle, field, lease);
   }
+  absl::StatusOr<void*> ResolveOutput(const v1::BufferSlice& slice, int64_t byte_extent,
+                                      const std::string& field,
+                                      std::shared_ptr<const void>* lease) override {
+    return base_.ResolveOutputFor(owner_, slice, byte_extent, field, lease);
+  }
 
  private:
   BufferRegistry& base_;
@@ -304,7 +309,7 @@ absl::Status SamplerService::RunStep(const v1::SampleRequest& request,
     }
     return result.status();
   }
-  ResultToProto(*result, response);
+  ResultToProto(*result, response, request.packed_results());
   const Clock::time_point end = Clock::now();
   v1::StepTiming* timing = response->mutable_timing();
   timing->set_queue_us(Micros(stats.computed - start));

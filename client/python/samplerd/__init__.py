@@ -12,18 +12,18 @@ PyTorch CUDA tensors.
 from ._proto import pb
 from .channel import AsyncStepChannel, StepChannel
 from .client import TLS, AsyncSamplerClient, AsyncStepStream, SamplerClient, StepStream
-from .cuda import CudaRegion, ReadyEvent
+from .cuda import CudaRegion, ReadyEvent, TokenOutput
 from .errors import RequestError, SamplerError
-from .results import RequestResult, StepResult
+from .results import BatchResult, RequestResult, StepResult
 from .shm import ShmRegion
 from .step import (CudaLogits, Decode, Draft, NcclLogits, Prefill, SamplingParams, ShmLogits,
-                   build_step)
+                   build_batch, build_step)
 
 __version__ = "0.1.0"
 __all__ = [
     "pb", "TLS", "SamplerClient", "StepChannel", "AsyncStepChannel", "AsyncSamplerClient", "StepStream", "AsyncStepStream", "CudaRegion",
     "ReadyEvent", "SamplerError", "RequestError", "RequestResult", "StepResult", "ShmRegion",
     "Prefill", "Decode", "Draft", "SamplingParams", "ShmLogits", "CudaLogits", "NcclLogits",
-    "build_step",
+    "build_step", "build_batch", "BatchResult", "TokenOutput",
 ]
 # The group follower (samplerd.follower.GroupFollower) imports torch: not loaded here.

@@ -7,7 +7,8 @@ the channel is opened by an rpc and belongs to the client (its keep-alive), like
     with client.channel() as channel:            # client: a SamplerClient
         step = channel.step(logits, requests)    # as StepStream.step
 
-One step at a time (the channel has one request and one response area). The wait for an
+One step at a time (the channel has one request and one response area); send() and receive()
+split a step so the worker works meanwhile (the asynchronous decode loop of issue 46). The wait for an
 answer spins briefly, then sleeps in the kernel (futex, the GIL released); while it waits longer
 than a second it asks samplerd whether it is still there (KeepAlive), and a samplerd that went
 away or restarted fails the step with UNAVAILABLE: the channel does not outlive samplerd (open
@@ -76,6 +77,7 @@ class StepChannel:
         self._request_word = ctypes.c_void_p(base + 4 * _REQUEST_SEQ)
         self._response_word = ctypes.c_void_p(base + 4 * _RESPONSE_SEQ)
         self._seq = 0
+        self._in_flight = False
 
     def _open_request(self):
         return pb.OpenStepChannelRequest(shm_name=self._region.name,
@@ -92,9 +94,18 @@ class StepChannel:
         return self.step_request(self._client.build(logits, requests, **kw))
 
     def step_request(self, request):
-        from .client import _check_step  # the stream's, so both answer alike
+        self.send(request)
+        return self.receive()
+
+    def send(self, request):
+        """Sends a step without waiting for its answer (receive() returns it): a worker that
+        writes tokens on the device (StepOutput) enqueues its next forward meanwhile. One step
+        at a time: a second send before receive() is refused."""
         if self._words is None:
             raise SamplerError(grpc.StatusCode.CANCELLED, "the channel is closed")
+        if self._in_flight:
+            raise SamplerError(grpc.StatusCode.FAILED_PRECONDITION,
+                               "the channel's step is not received yet (one step at a time)")
         data = request.SerializeToString()
         if len(data) > self._capacity:
             raise SamplerError(grpc.StatusCode.INVALID_ARGUMENT,
@@ -104,8 +115,17 @@ class StepChannel:
         self._words[_REQUEST_LEN] = len(data)
         self._seq = (self._seq + 1) & 0xFFFFFFFF
         self._words[_REQUEST_SEQ] = self._seq
+        self._in_flight = True
         _libc.syscall(_SYS_FUTEX, self._request_word, _FUTEX_WAKE, 1, None, None, 0)
+
+    def receive(self):
+        """The answer to the step send() sent: a StepResult (a BatchResult for packed
+        results), or SamplerError for a step-level fault."""
+        from .client import _check_step  # the stream's, so both answer alike
+        if not self._in_flight:
+            raise SamplerError(grpc.StatusCode.FAILED_PRECONDITION, "no step was sent")
         self._wait()
+        self._in_flight = False
         n = self._words[_RESPONSE_LEN]
         at = _HEADER + self._capacity
         return _check_step(pb.SampleResponse.FromString(self._map[at:at + min(n, self._capacity)]))
@@ -196,6 +216,13 @@ class AsyncStepChannel:
     async def step_request(self, request):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self._channel.step_request, request)
+
+    def send(self, request):
+        self._channel.send(request)
+
+    async def receive(self):
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self._channel.receive)
 
     def close(self):
         self._channel.close()

@@ -30,9 +30,9 @@ from ._proto import SERVICE, pb
 from .channel import AsyncStepChannel, StepChannel
 from .cuda import CudaRegion
 from .errors import SamplerError, status_code
-from .results import StepResult
+from .results import BatchResult, StepResult
 from .shm import ShmRegion
-from .step import Request, build_step
+from .step import Request, build_batch, build_step
 
 _MIB = 1 << 20
 HEALTH_STATUS = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
@@ -113,10 +113,11 @@ def _open_channel(module, target: str, max_message_bytes: int, tls: Optional[TLS
     return module.secure_channel(target, tls.credentials(), options + tls.options())
 
 
-def _check_step(msg) -> StepResult:
+def _check_step(msg):
+    """A StepResult, or a BatchResult for a step sent with packed_results."""
     if msg.HasField("error") and msg.error.code != 0:
         raise SamplerError(status_code(msg.error.code), msg.error.message)
-    return StepResult(msg)
+    return BatchResult(msg) if msg.HasField("packed") else StepResult(msg)
 
 
 def _shm_registration(region: ShmRegion, name: Optional[str]):
@@ -124,10 +125,10 @@ def _shm_registration(region: ShmRegion, name: Optional[str]):
                                     shm_name=region.name, byte_size=region.byte_size)
 
 
-def _cuda_registration(region: CudaRegion):
+def _cuda_registration(region: CudaRegion, output: bool = False):
     return pb.RegisterBufferRequest(name=region.name, kind=pb.CUDA_IPC,
                                     cuda_ipc_handle=region.handle, device_id=region.device_id,
-                                    byte_size=region.byte_size)
+                                    byte_size=region.byte_size, output=output)
 
 
 def _name_wait(error: SamplerError, deadline: float) -> Optional[float]:
@@ -243,6 +244,11 @@ class _Base:
         """A SampleRequest (step ids count from 1 when not given)."""
         return build_step(logits, requests,
                           step_id=next(self._step_ids) if step_id is None else step_id, **kw)
+
+    def build_batch(self, logits, kind, rows, step_id: Optional[int] = None, **kw):
+        """A SampleRequest of len(rows) requests from arrays (samplerd.build_batch)."""
+        return build_batch(logits, kind, rows,
+                           step_id=next(self._step_ids) if step_id is None else step_id, **kw)
 
 
 class SamplerClient(_Base):
@@ -378,11 +384,12 @@ class SamplerClient(_Base):
         region.buffer_name = name or region.name
         return region.buffer_name
 
-    def register_cuda_tensor(self, name: str, tensor) -> CudaRegion:
+    def register_cuda_tensor(self, name: str, tensor, output: bool = False) -> CudaRegion:
         """Registers a CUDA tensor's storage as a CUDA_IPC region; send views of it with
-        CudaLogits(region, view, ready_event). Kept alive as register_shm's region is."""
+        CudaLogits(region, view, ready_event). Kept alive as register_shm's region is.
+        `output`: steps may also write their tokens into it (samplerd.cuda.TokenOutput)."""
         region = CudaRegion.from_tensor(name, tensor)
-        self._register(_cuda_registration(region), None)
+        self._register(_cuda_registration(region, output), None)
         return region
 
     def keep_alive(self):
@@ -661,9 +668,9 @@ class AsyncSamplerClient(_Base):
         region.buffer_name = name or region.name
         return region.buffer_name
 
-    async def register_cuda_tensor(self, name: str, tensor) -> CudaRegion:
+    async def register_cuda_tensor(self, name: str, tensor, output: bool = False) -> CudaRegion:
         region = CudaRegion.from_tensor(name, tensor)
-        await self._register(_cuda_registration(region), None)
+        await self._register(_cuda_registration(region, output), None)
         return region
 
     async def keep_alive(self):

@@ -14,7 +14,10 @@ naming the setting. At exit PyTorch may warn "Producer process has been terminat
 shared CUDA tensors released": its reference counter expects a PyTorch consumer, and samplerd
 (not one) keeps the mapping only until UnregisterBuffer; unregister before freeing the tensor.
 """
+import ctypes
 from dataclasses import dataclass
+
+from ._proto import pb
 
 
 def _torch():
@@ -71,3 +74,90 @@ class ReadyEvent:
         if self._handle is None:
             self._handle = bytes(self._event.ipc_handle())
         return self._handle
+
+
+_CU_STREAM_WAIT_VALUE_GEQ = 0x0
+_libcuda = None
+
+
+def _stream_wait_value32():
+    """The driver's cuStreamWaitValue32 (PyTorch does not expose it)."""
+    global _libcuda
+    if _libcuda is None:
+        _libcuda = ctypes.CDLL("libcuda.so.1")
+        for name in ("cuStreamWaitValue32_v2", "cuStreamWaitValue32"):
+            fn = getattr(_libcuda, name, None)
+            if fn is not None:
+                fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+                fn.restype = ctypes.c_int
+                _libcuda.wait_value32 = fn
+                break
+        else:  # pragma: no cover - every CUDA 11.7+ driver has it
+            raise OSError("this CUDA driver has no cuStreamWaitValue32")
+    return _libcuda.wait_value32
+
+
+class TokenOutput:
+    """Where samplerd writes a step's tokens in this worker's GPU memory (StepOutput): one
+    int32 tensor registered for output, holding `token_ids` [max_requests, tokens_per_request],
+    `num_accepted` [max_requests] and a done word. Each step:
+
+        output = samplerd.cuda.TokenOutput(client, "tokens", max_requests=64)
+        request = client.build_batch(logits, "decode", rows, ..., output=output.next(B))
+        channel.send(request)
+        output.wait()                         # the current stream waits on the device
+        next_ids = output.token_ids[:B, 0]    # the next forward's input, never on the host
+        ... enqueue the forward, record its ReadyEvent ...
+        result = channel.receive()            # step N's results, one forward later
+
+    next() numbers the steps; wait() makes a stream wait (cuStreamWaitValue32, GEQ) until
+    samplerd wrote that step's tokens: valid even when called before samplerd received the step.
+    A step that fails as a whole writes nothing: release() then frees the wait from here."""
+
+    def __init__(self, client, name: str, max_requests: int, tokens_per_request: int = 1,
+                 device=None):
+        torch = _torch()
+        self.max_requests = max_requests
+        self.tokens_per_request = tokens_per_request
+        n = max_requests * tokens_per_request
+        # Token ids, accept counts, then the done word in a 128-byte line of its own.
+        self._done_at = ((n + max_requests + 31) // 32) * 32
+        self._storage = torch.zeros(self._done_at + 32, dtype=torch.int32, device=device)
+        self.token_ids = self._storage[:n].view(max_requests, tokens_per_request)
+        self.num_accepted = self._storage[n:n + max_requests]
+        self._done = self._storage[self._done_at:self._done_at + 1]
+        self.region = client.register_cuda_tensor(name, self._storage, output=True)
+        self.value = 0
+
+    def next(self, num_requests: int) -> "pb.StepOutput":
+        """The StepOutput of the next step (its requests must fit: num_requests <= max)."""
+        if num_requests > self.max_requests:
+            raise ValueError(f"{num_requests} requests exceed the output's {self.max_requests}")
+        self.value = (self.value + 1) & 0xFFFFFFFF or 1
+        name, base = self.region.name, self.region.base_offset
+        return pb.StepOutput(
+            token_ids=pb.BufferSlice(name=name, byte_offset=base),
+            tokens_per_request=self.tokens_per_request,
+            num_accepted=pb.BufferSlice(
+                name=name, byte_offset=base + 4 * self.max_requests * self.tokens_per_request),
+            done_word=pb.BufferSlice(name=name, byte_offset=base + 4 * self._done_at),
+            done_value=self.value)
+
+    def wait(self, stream=None):
+        """Makes `stream` (default: the current one) wait until samplerd wrote step next()'s
+        tokens."""
+        torch = _torch()
+        stream = stream or torch.cuda.current_stream()
+        error = _stream_wait_value32()(stream.cuda_stream, self._done.data_ptr(), self.value,
+                                       _CU_STREAM_WAIT_VALUE_GEQ)
+        if error != 0:
+            raise RuntimeError(f"cuStreamWaitValue32 failed: CUDA driver error {error}")
+
+    def release(self):
+        """Sets the done word from this side (after a step failed as a whole), so a stream that
+        waits on it goes on; its token ids are then last step's."""
+        torch = _torch()
+        side = torch.cuda.Stream(device=self._storage.device)
+        with torch.cuda.stream(side):
+            self._done.fill_(self.value if self.value < 2**31 else self.value - 2**32)
+        side.synchronize()

@@ -120,3 +120,63 @@ class StepResult:
     def token_ids(self) -> List[np.ndarray]:
         """Every request's token ids (raises if any request failed)."""
         return [r.token_ids for r in self.results]
+
+
+class BatchResult:
+    """A step's results as arrays (a step sent with packed_results, e.g. build_batch's): no
+    object per request. B requests, T tokens in all.
+
+    codes [B] (0 = OK; `errors` holds the failed requests' messages in order), token_counts [B],
+    token_ids [T], num_accepted [B], logprobs [T], top_token_ids / top_logprobs [T, K] (K the
+    step's largest top_logprobs, shorter lists padded with -1 / -inf), sum_smaller_probs [T]
+    (when asked), prompt_counts [B] with prompt_logprobs concatenated, seq_seeds [B].
+    `offsets` [B + 1]: request i's tokens are token_ids[offsets[i]:offsets[i + 1]].
+    """
+
+    def __init__(self, msg):
+        p = msg.packed
+        self.step_id: int = msg.step_id
+        self.codes = np.frombuffer(p.status_codes, "<i4")
+        self.errors: List[str] = list(p.errors)
+        self.token_counts = np.frombuffer(p.token_counts, "<i4")
+        self.token_ids = np.frombuffer(p.token_ids, "<i4")
+        self.num_accepted = np.frombuffer(p.num_accepted, "<i4")
+        self.logprobs = np.frombuffer(p.logprobs, "<f4")
+        k = p.top_logprobs
+        self.top_token_ids = np.frombuffer(p.top_token_ids, "<i4").reshape(-1, k) if k else \
+            np.empty((len(self.token_ids), 0), np.int32)
+        self.top_logprobs = np.frombuffer(p.top_token_logprobs, "<f4").reshape(-1, k) if k else \
+            np.empty((len(self.token_ids), 0), np.float32)
+        self.sum_smaller_probs = np.frombuffer(p.sum_smaller_probs, "<f4")
+        self.prompt_counts = np.frombuffer(p.prompt_counts, "<i4")
+        self.prompt_logprobs = np.frombuffer(p.prompt_logprobs, "<f4")
+        self.seq_seeds = np.frombuffer(p.seq_seeds, "<u8")
+        self.request_ids: List[str] = list(p.request_ids)
+        self.queue_us: int = msg.timing.queue_us
+        self.compute_us: int = msg.timing.compute_us
+        self.total_us: int = msg.timing.total_us
+        self.prepare_us: int = msg.timing.prepare_us
+        self.kernel_us: int = msg.timing.kernel_us
+        self.proto = msg
+
+    def __len__(self):
+        return len(self.codes)
+
+    @property
+    def ok(self) -> bool:
+        return not self.codes.any()
+
+    @property
+    def offsets(self) -> np.ndarray:
+        out = np.zeros(len(self.token_counts) + 1, np.int64)
+        np.cumsum(self.token_counts, out=out[1:])
+        return out
+
+    def raise_for_errors(self) -> "BatchResult":
+        """Raises the first failed request's RequestError; returns self when all succeeded."""
+        failed = np.flatnonzero(self.codes)
+        if len(failed):
+            i = int(failed[0])
+            name = self.request_ids[i] if self.request_ids else str(i)
+            raise RequestError(name, status_code(int(self.codes[i])), self.errors[0])
+        return self

@@ -320,3 +320,44 @@ def build_step(logits, requests: Sequence[Request], *, step_id: int = 0,
     for r in requests:
         r.to_proto(msg.inputs.requests.add())
     return msg
+
+
+_KINDS = {"prefill": pb.PREFILL, "decode": pb.DECODE}
+
+
+def _array_bytes(values, dtype) -> bytes:
+    return np.ascontiguousarray(values, dtype=dtype).tobytes()
+
+
+def build_batch(logits, kind, rows, *, params: Optional[SamplingParams] = None,
+                num_rows=None, sample_positions=None, seeds=None, request_id_prefix: str = "",
+                step_id: int = 0, vocab_size: Optional[int] = None,
+                compute_sum_smaller_probs: bool = False, output=None,
+                packed_results: bool = True):
+    """A SampleRequest of B = len(rows) requests from arrays (RequestBatch), with no Python
+    object per request: request i reads row rows[i] (DECODE: rows[i] .. + num_rows[i] - 1) with
+    the shared `params`, seeds[i] as its seq_seed and sample_positions[i]; it is named
+    request_id_prefix + str(i). `kind` is "prefill" or "decode" (or pb.PREFILL / pb.DECODE).
+    `output`: a pb.StepOutput (TokenOutput.next()). With `packed_results` samplerd answers with
+    arrays (a BatchResult)."""
+    msg = pb.SampleRequest(step_id=step_id, packed_results=packed_results)
+    _fill_logits(msg.logits, logits)
+    inputs = msg.inputs
+    inputs.kind = _KINDS.get(kind, kind)
+    inputs.vocab_size = vocab_size if vocab_size is not None else msg.logits.cols
+    inputs.compute_sum_smaller_probs = compute_sum_smaller_probs
+    batch = inputs.batch
+    if params is not None:
+        params.fill(batch.params)
+    batch.rows = _array_bytes(rows, "<i4")
+    if num_rows is not None:
+        batch.num_rows = _array_bytes(num_rows, "<i4")
+    if sample_positions is not None:
+        batch.sample_positions = _array_bytes(sample_positions, "<i8")
+    if seeds is not None:
+        batch.seq_seeds = _array_bytes(seeds, "<u8")
+    if request_id_prefix:
+        batch.request_id_prefix = request_id_prefix
+    if output is not None:
+        msg.output.CopyFrom(output)
+    return msg
