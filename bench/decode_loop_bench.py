@@ -1,27 +1,36 @@
-"""The decode loop a PyTorch model worker runs, three ways (issue 29): the model alone, the model
-then sampling in-process with PyTorch, and the model then samplerd through the Python client.
+"""The decode loop a PyTorch model worker runs (issues 29 and 46): the model alone, the model
+then sampling in-process with PyTorch, and the model then samplerd through the Python client,
+each in a synchronous and an asynchronous loop.
 
 A Llama-shaped model (8 layers, d = 2048, 16 heads, SwiGLU 5632, vocab 128,256, bf16 weights at
-random, a KV cache) decodes B sequences. Each step:
-  - model alone: forward, then the next tokens (fixed, no sampling) on the host;
-  - in-process PyTorch: forward, then temperature 0.7, top-k 50 (topk), top-p 0.95 (softmax +
-    cumsum), multinomial, top-5 logprobs (log_softmax + topk): the path vLLM takes for seeded
-    or logprob requests; the tokens to the host;
-  - samplerd: forward writes its logits into a registered CUDA IPC pool, records a ReadyEvent
-    and sends one step (a Decode per sequence, same parameters, a seed each) through the
-    transport named by --transports (`grpc`: SampleStream; `channel`: the co-located shared-
-    memory step channel); the tokens back into a CUDA tensor for the next forward.
-The modes run interleaved, in blocks of 20 steps at the same positions (the host's step times
-drift by milliseconds over a run), each transport on a stream or channel of its own per block.
-Prints per-step p50 and p99 of each, each one's overhead over the model alone (the difference
-of the p50s), the parts of a samplerd step, and `samplerctl bench`'s p50 for the same step
-shape (B rows, V = 128,256, CUDA IPC logits, streaming) in the same run. `grpc@S` runs the
-gRPC stream with sys.setswitchinterval(S) (the GIL's hand-off period; default 5 ms).
+random, a KV cache) decodes B sequences. Every mode runs the same forward (its logits written
+into the same [B, V] bf16 tensor) and takes its next input tokens from the device; they differ
+only in what comes after the logits:
+  - alone: nothing is sampled; the host reads a fixed token tensor (as it would read tokens);
+  - torch: temperature 0.7, top-k 50 (topk), top-p 0.95 (softmax + cumsum), multinomial, top-5
+    logprobs (log_softmax + topk): vLLM's path for seeded or logprob requests; tokens and
+    logprobs to the host;
+  - samplerd (transport `channel`: the co-located step channel; `grpc`: SampleStream): the
+    logits tensor is a registered CUDA IPC region; one step built from arrays (build_batch,
+    same parameters, a seed a sequence) with a ReadyEvent, answered as arrays; samplerd writes
+    the tokens into the worker's TokenOutput, which the next forward reads after a device-side
+    wait (cuStreamWaitValue32): no tokens cross to the device from the host.
+Loops: `sync`: the host waits for step N's results before it enqueues forward N+1. `async`: it
+enqueues forward N+1 (reading step N's tokens on the device) before it reads step N's results
+(the host one step behind, as engines with asynchronous scheduling run).
+The modes run interleaved, in blocks of 20 timed steps at the same positions (the host's step
+times drift over a run). A step's time is one iteration of the loop; each mode's overhead is
+its p50 minus the model alone's in the same loop. The model alone must be the fastest in its
+loop: where it is not the baseline is broken, the parts of every mode are printed and the run
+exits 1. `--mps` starts a private MPS control daemon for the run (and always stops it):
+samplerd and this process become clients of one MPS server. `samplerctl bench`'s p50 for the
+same step shape is printed beside.
 
     python3 bench/decode_loop_bench.py --samplerd=.device-pack/bin/samplerd \
-        --samplerctl=.device-pack/bin/samplerctl [--batches=1,16,64] [--steps=200]
+        --samplerctl=.device-pack/bin/samplerctl [--batches=1,16,64] [--steps=200] [--mps]
 """
 import argparse
+import atexit
 import os
 import statistics
 import subprocess
@@ -29,6 +38,7 @@ import sys
 import tempfile
 import time
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -100,24 +110,177 @@ def stats(times):
 BLOCK, WARMUP = 20, 5
 
 
+class Mode:
+    """One way of running the loop. step(tokens) enqueues a forward from device `tokens` and
+    whatever the mode does after the logits; it returns the next step's device tokens. sync:
+    the host has this step's results when step() returns; async: the previous step's."""
+
+    def __init__(self, model, B, loop):
+        self.model, self.B, self.loop = model, B, loop
+        self.parts = {}
+
+    def part(self, name, seconds):
+        self.parts.setdefault(name, []).append(seconds)
+
+    def open(self):
+        pass
+
+    def close(self):
+        pass
+
+
+class Alone(Mode):
+    """The model, and the host reading a token tensor it did not sample."""
+
+    def __init__(self, model, B, loop):
+        super().__init__(model, B, loop)
+        self.fixed = torch.arange(B, device="cuda")
+        self.host = torch.empty(B, dtype=torch.long, pin_memory=True)
+        self.events = [torch.cuda.Event(), torch.cuda.Event()]
+        self.n = 0
+
+    def step(self, tokens, timed):
+        t0 = time.perf_counter()
+        self.model(tokens, out=self.model.logits)
+        t1 = time.perf_counter()
+        if self.loop == "sync":
+            self.fixed.cpu()
+        else:
+            self.host.copy_(self.fixed, non_blocking=True)
+            self.events[self.n % 2].record()
+            if self.n:
+                self.events[(self.n - 1) % 2].synchronize()
+            self.n += 1
+        if timed:
+            self.part("host forward", t1 - t0)
+            self.part("wait for the GPU", time.perf_counter() - t1)
+        return self.fixed
+
+    def close(self):
+        torch.cuda.synchronize()
+        self.n = 0
+
+
+class InProcess(Mode):
+    """vLLM's fallback sampling path in this process; tokens and logprobs to the host."""
+
+    def __init__(self, model, B, loop):
+        super().__init__(model, B, loop)
+        self.gen = torch.Generator(device="cuda").manual_seed(0)
+        self.host_t = torch.empty(B, dtype=torch.long, pin_memory=True)
+        self.host_lp = torch.empty(B, 5, dtype=torch.float32, pin_memory=True)
+        self.events = [torch.cuda.Event(), torch.cuda.Event()]
+        self.n = 0
+
+    def step(self, tokens, timed):
+        t0 = time.perf_counter()
+        logits = self.model(tokens, out=self.model.logits)
+        t, lp, _ = torch_sample(logits, self.gen)
+        t1 = time.perf_counter()
+        if self.loop == "sync":
+            t.cpu()
+            lp.cpu()
+        else:
+            self.host_t.copy_(t, non_blocking=True)
+            self.host_lp.copy_(lp, non_blocking=True)
+            self.events[self.n % 2].record()
+            if self.n:
+                self.events[(self.n - 1) % 2].synchronize()
+            self.n += 1
+        if timed:
+            self.part("host forward+sample", t1 - t0)
+            self.part("wait for the GPU", time.perf_counter() - t1)
+        return t
+
+    def close(self):
+        torch.cuda.synchronize()
+        self.n = 0
+
+
+class WithSamplerd(Mode):
+    """samplerd reads the logits tensor by CUDA IPC and writes the tokens into TokenOutput."""
+
+    def __init__(self, model, B, loop, client, transport, region, output):
+        super().__init__(model, B, loop)
+        self.client, self.transport = client, transport
+        self.region, self.output = region, output
+        self.ready = samplerd.ReadyEvent()
+        self.rows = np.arange(B, dtype=np.int32)
+        self.seeds = np.arange(B, dtype=np.uint64)
+        self.params = samplerd.SamplingParams(temperature=0.7, top_k=50, top_p=0.95,
+                                              top_logprobs=5)
+        self.sent = False
+
+    def open(self):
+        self.steps = self.client.channel() if self.transport == "channel" else self.client.stream()
+
+    def close(self):
+        if self.sent:
+            self._receive(False)
+        self.steps.close()
+        torch.cuda.synchronize()
+
+    def _send(self, timed):
+        t0 = time.perf_counter()
+        logits = samplerd.CudaLogits(self.region, self.model.logits, self.ready.record())
+        request = self.client.build_batch(
+            logits, "decode", self.rows, params=self.params, seeds=self.seeds,
+            sample_positions=np.full(self.B, self.model.pos, np.int64),
+            output=self.output.next(self.B))
+        t1 = time.perf_counter()
+        self.steps.send(request)
+        self.sent = True
+        if timed:
+            self.part("build", t1 - t0)
+
+    def _receive(self, timed):
+        t0 = time.perf_counter()
+        result = self.steps.receive()
+        self.sent = False
+        if timed:
+            self.part("receive", time.perf_counter() - t0)
+            self.part("server total", result.total_us * 1e-6)
+            self.part("server compute", result.compute_us * 1e-6)
+            self.part("kernels", result.kernel_us * 1e-6)
+        return result
+
+    def step(self, tokens, timed):
+        t0 = time.perf_counter()
+        self.model(tokens, out=self.model.logits)
+        t1 = time.perf_counter()
+        if timed:
+            self.part("host forward", t1 - t0)
+        if self.loop == "sync":
+            self._send(timed)
+            self._receive(timed)
+        else:
+            if self.sent:
+                self._receive(timed)
+            self._send(timed)
+        # The next forward's input: this step's tokens, on the device once samplerd wrote them.
+        self.output.wait()
+        return self.output.token_ids[:self.B, 0]
+
+
 def run_blocks(model, B, steps, modes):
     """The modes interleaved in blocks of BLOCK timed steps (after WARMUP untimed ones), each
-    block of each mode at the same positions, so that drift of the host (this machine's step
-    times move by milliseconds over a minute) falls on every mode alike. A mode is
-    (open, step_fn, close): open() before its block (a stream, a channel), close() after."""
+    block of each mode at the same positions, so that drift of the host falls on every mode
+    alike. A step's time: one iteration of the loop."""
     times = {name: [] for name in modes}
     for block in range(max(1, steps // BLOCK)):
-        for name, (open_fn, step_fn, close_fn) in modes.items():
-            handle = open_fn()
+        for name, mode in modes.items():
+            mode.open()
             model.pos = block * (BLOCK + WARMUP)
             tokens = torch.zeros(B, dtype=torch.long, device="cuda")
+            last = None
             for k in range(BLOCK + WARMUP):
                 timed = k >= WARMUP
-                t0 = time.perf_counter()
-                tokens = step_fn(handle, tokens, model.pos, timed)
-                if timed:
-                    times[name].append(time.perf_counter() - t0)
-            close_fn(handle)
+                tokens = mode.step(tokens, timed)
+                now = time.perf_counter()
+                if timed and last is not None:
+                    times[name].append(now - last)
+                last = now
+            mode.close()
     return times
 
 
@@ -133,125 +296,81 @@ def start_samplerd(binary, extra):
     return proc, "127.0.0.1:" + open(port_file).read().split()[0]
 
 
+def start_mps():
+    """A private MPS control daemon for this run (before any CUDA context): samplerd and this
+    process, started after, are its clients. Stopped at exit, whatever happens."""
+    base = tempfile.mkdtemp(prefix="samplerd-mps-")
+    os.environ["CUDA_MPS_PIPE_DIRECTORY"] = os.path.join(base, "pipe")
+    os.environ["CUDA_MPS_LOG_DIRECTORY"] = os.path.join(base, "log")
+    for d in ("pipe", "log"):
+        os.makedirs(os.path.join(base, d))
+    subprocess.run(["nvidia-cuda-mps-control", "-d"], check=True)
+    atexit.register(lambda: subprocess.run(["nvidia-cuda-mps-control"], input=b"quit\n"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--samplerd", required=True)
     ap.add_argument("--samplerctl")
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--transports", default="grpc")
+    ap.add_argument("--transports", default="channel,grpc")
+    ap.add_argument("--loops", default="sync,async")
+    ap.add_argument("--mps", action="store_true")
     args = ap.parse_args()
+    if args.mps:
+        start_mps()
     torch.backends.cuda.matmul.allow_tf32 = True
     proc, target = start_samplerd(args.samplerd, [])
     client = samplerd.SamplerClient(target)
     client.wait_ready()
-    print(f"device: {torch.cuda.get_device_name()}; samplerd backend {client.server_info().backend}")
+    info = client.server_info()
+    print(f"device: {torch.cuda.get_device_name()}; samplerd backend {info.backend}, "
+          f"{'an MPS client' if info.mps else 'no MPS'}")
+    broken = False
     for B in [int(b) for b in args.batches.split(",")]:
         blocks = max(1, args.steps // BLOCK)
         model = Model(batch=B, max_len=blocks * (BLOCK + WARMUP) + 8)
-        fixed = torch.arange(B, device="cuda")
-        parts = {}
-
-        def alone(_, tokens, i, timed):
-            t0 = time.perf_counter()
-            model(tokens)
-            t1 = time.perf_counter()
-            out = fixed.cpu().to("cuda", non_blocking=True)  # the host has the tokens
-            if timed:
-                parts.setdefault("alone", {}).setdefault("host forward", []).append(t1 - t0)
-                parts["alone"].setdefault("wait for the GPU", []).append(time.perf_counter() - t1)
-            return out
-
-        gen = torch.Generator(device="cuda").manual_seed(0)
-
-        def in_process(_, tokens, i, timed):
-            logits = model(tokens)
-            t, lp, ids = torch_sample(logits, gen)
-            host = t.cpu()  # tokens (and logprobs) to the host, as an engine needs them
-            lp.cpu()
-            return host.to("cuda", non_blocking=True)
-
-        pool = torch.empty(B, VOCAB, device="cuda", dtype=torch.bfloat16)
-        region = client.register_cuda_tensor(f"pool-b{B}", pool)
-        ready = samplerd.ReadyEvent()
-        params = [samplerd.SamplingParams(temperature=0.7, top_k=50, top_p=0.95, top_logprobs=5,
-                                          seed=s) for s in range(B)]
-
-        def with_samplerd(name):
-            # The step's parts (p50 each): the forward's launch and the request's building on
-            # the host; the step's round trip; inside it, samplerd's total and compute time
-            # (compute waits on the ready event: it includes the GPU finishing the forward),
-            # and the sampling kernels' device time; the tokens back into a CUDA tensor.
-            def step_fn(stream, tokens, i, timed):
-                t0 = time.perf_counter()
-                model(tokens, out=pool)
-                logits = samplerd.CudaLogits(region, pool, ready.record())
-                request = client.build(logits, [
-                    samplerd.Decode(f"s{s}", first_row=s, num_rows=1, sample_position=i,
-                                    params=params[s]) for s in range(B)])
-                t1 = time.perf_counter()
-                if name.startswith("grpc"):
-                    stream.send(request)
-                    step = stream.recv()
-                else:
-                    step = stream.step_request(request)
-                t2 = time.perf_counter()
-                out = torch.tensor([r.token_ids[0] for r in step.proto.results], device="cuda")
-                if timed:
-                    p = parts.setdefault(name, {})
-                    for key, value in (("host forward+build", t1 - t0), ("step", t2 - t1),
-                                       ("server total", step.total_us * 1e-6),
-                                       ("server compute", step.compute_us * 1e-6),
-                                       ("kernels", step.kernel_us * 1e-6),
-                                       ("tokens to device", time.perf_counter() - t2)):
-                        p.setdefault(key, []).append(value)
-                return out
-
-            # grpc@S: with sys.setswitchinterval(S) (the GIL's hand-off period) while it runs.
-            switch = float(name.partition("@")[2] or sys.getswitchinterval())
-            default_switch = sys.getswitchinterval()
-
-            def open_fn():
-                sys.setswitchinterval(switch)
-                return client.stream() if name.startswith("grpc") else client.channel()
-
-            def close_fn(stream):
-                stream.close()
-                sys.setswitchinterval(default_switch)
-
-            return open_fn, step_fn, close_fn
-
-        none = lambda: None
-        modes = {"alone": (none, alone, lambda _: None),
-                 "in-process torch": (none, in_process, lambda _: None)}
-        for transport in args.transports.split(","):
-            modes["samplerd " + transport] = with_samplerd(transport)
-        times = run_blocks(model, B, args.steps, modes)
+        model.logits = torch.empty(B, VOCAB, device="cuda", dtype=torch.bfloat16)
+        region = client.register_cuda_tensor(f"logits-b{B}", model.logits)
+        output = samplerd.TokenOutput(client, f"tokens-b{B}", max_requests=B)
+        lines = [f"B={B:<3d} {blocks * (BLOCK - 1)} steps a mode, interleaved in blocks of {BLOCK}"]
+        for loop in args.loops.split(","):
+            modes = {"alone": Alone(model, B, loop), "in-process torch": InProcess(model, B, loop)}
+            for transport in args.transports.split(","):
+                modes["samplerd " + transport] = WithSamplerd(model, B, loop, client, transport,
+                                                              region, output)
+            times = run_blocks(model, B, args.steps, modes)
+            p50s = {name: stats(t)[0] for name, t in times.items()}
+            base = p50s["alone"]
+            lines.append(f"  {loop} loop")
+            for name, t in times.items():
+                p50, p99 = stats(t)
+                lines.append(f"    {name:20s} p50 {p50:8.1f} p99 {p99:8.1f} us" +
+                             ("" if name == "alone" else f"  overhead p50 {p50 - base:+8.1f} us"))
+                lines.append("        parts p50 us: " + ", ".join(
+                    f"{k} {stats(v)[0]:.1f}" for k, v in modes[name].parts.items()))
+            slower = [name for name, p50 in p50s.items() if p50 < base]
+            if slower:
+                broken = True
+                lines.append(f"  BROKEN BASELINE ({loop}): the model alone ({base:.1f} us) is "
+                             f"slower than {', '.join(slower)}: see the parts above")
         client.unregister(region.name)
-        del pool
+        client.unregister(output.region.name)
         ctl = ""
         if args.samplerctl:
             out = subprocess.run([args.samplerctl, "bench", f"--target={target}", f"--rows={B}",
                                   f"--vocab={VOCAB}", "--source=cuda_ipc", "--mode=stream",
                                   "--steps=500"], capture_output=True, text=True).stdout
             ctl = out.split("latency p50 ")[1].split(" us")[0] if "latency p50 " in out else "?"
-        a50, a99 = stats(times["alone"])
-        lines = [f"B={B:<3d} {len(times['alone'])} steps a mode, interleaved in blocks of {BLOCK}"]
-        for name, t in times.items():
-            p50, p99 = stats(t)
-            lines.append(f"  {name:26s} p50 {p50:8.1f} p99 {p99:8.1f} us" +
-                         ("" if name == "alone" else f"  overhead p50 {p50 - a50:+8.1f} us"))
-            key = "alone" if name == "alone" else name.replace("samplerd ", "")
-            if key in parts:
-                lines.append("      parts p50: " + ", ".join(
-                    f"{k} {stats(v)[0]:.1f}" for k, v in parts[key].items()))
-        lines.append(f"  samplerctl bench (C++ client, stream, cuda_ipc) p50 {ctl} us")
+            lines.append(f"  samplerctl bench (C++ client, stream, cuda_ipc) p50 {ctl} us")
         print("\n".join(lines), flush=True)
-        del model
+        del model, output
         torch.cuda.empty_cache()
     client.close()
     proc.terminate()
     proc.wait()
+    return 1 if broken else 0
 
 
 if __name__ == "__main__":

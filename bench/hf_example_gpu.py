@@ -1,6 +1,8 @@
 """examples/hf_generate.py on a GPU: tokens/s of its generate() (logits in a registered CUDA
 tensor with a ready event, samplerd on its CUDA backend) beside the same loop sampling
-in-process with PyTorch (issue 30, part 3).
+in-process with PyTorch (issue 30, part 3), in the synchronous loop and the asynchronous one
+(generate's device_tokens: samplerd writes the tokens into the worker's GPU memory and the host
+runs one step behind; PyTorch likewise keeps its tokens on the device), issue 46.
 
 The model is transformers' LlamaForCausalLM (8 layers, d = 2048, vocab 128,256, bf16 at random
 X
@@ -21,7 +23,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "examples"), str(ROOT / "bench")]
 import samplerd  # noqa: E402
-from decode_loop_bench import VOCAB, Model, start_samplerd, torch_sample  # noqa: E402
+from decode_loop_bench import VOCAB, Model, start_mps, start_samplerd, torch_sample  # noqa: E402
 from hf_generate import cache_keyword, generate, left_pad  # noqa: E402
 
 
@@ -60,34 +62,53 @@ def make_model(batch, max_len):
 
 
 @torch.no_grad()
-def torch_generate(model, prompts, max_new_tokens, gen):
+def torch_generate(model, prompts, max_new_tokens, gen, ahead=False):
     """The same loop, sampling in-process (decode_loop_bench.torch_sample: T 0.7, top-k 50,
-    top-p 0.95, top-5 logprobs); tokens and logprobs to the host each step, as generate()."""
+    top-p 0.95, top-5 logprobs); tokens and logprobs to the host each step, as generate().
+    `ahead`: as generate's device_tokens, the next input stays on the device and the host reads
+    each step's tokens one step later."""
     ids, mask, positions = left_pad(prompts, 0, "cuda")
     cache, out = None, []
     cache_arg = cache_keyword(model)
+    pending = None
     for _ in range(max_new_tokens):
         # The model called exactly as generate() calls it (mask and positions included).
         step = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                      logits_to_keep=1, **{cache_arg: cache})
         cache = getattr(step, cache_arg)
         tokens, top_lp, _ = torch_sample(step.logits[:, -1], gen)
-        host = tokens.tolist()
-        top_lp.cpu()
-        out.append(host)
-        ids = torch.tensor(host, device="cuda")[:, None]
+        if ahead:
+            host = (tokens.to("cpu", non_blocking=True), top_lp.to("cpu", non_blocking=True))
+            done = torch.cuda.Event()
+            done.record()
+            if pending is not None:
+                pending[1].synchronize()
+                out.append(pending[0][0].tolist())
+            pending = (host, done)
+            ids = tokens[:, None]
+        else:
+            host = tokens.tolist()
+            top_lp.cpu()
+            out.append(host)
+            ids = torch.tensor(host, device="cuda")[:, None]
         positions = positions[:, -1:] + 1
         mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
+    if pending is not None:
+        pending[1].synchronize()
+        out.append(pending[0][0].tolist())
     return out
 
 
 class StepTimes:
-    """Wraps StepStream.step to keep each call's round trip and the server's times."""
+    """Wraps the transports' receive to keep each answer's wait (from the send in the
+    synchronous loop; one forward later in the asynchronous one) and the server's times."""
 
     def __init__(self):
         self.round_trip, self.server_total, self.kernels = [], [], []
-        for cls in (samplerd.client.StepStream, samplerd.channel.StepChannel):
-            cls.step = self._timed(cls.step)
+        # Every answer passes through exactly one of these (step() calls them too).
+        stream, channel = samplerd.client.StepStream, samplerd.channel.StepChannel
+        stream.recv = stream.receive = self._timed(stream.recv)
+        channel.receive = self._timed(channel.receive)
 
     def _timed(self, inner):
         def step(stream, *args, **kw):
@@ -114,45 +135,55 @@ def main():
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--new_tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--mps", action="store_true", help="a private MPS daemon for the run")
     args = ap.parse_args()
+    if args.mps:
+        start_mps()
     proc, target = start_samplerd(args.samplerd, [])
     client = samplerd.SamplerClient(target)
     client.wait_ready()
     print(f"{torch.cuda.get_device_name()}; samplerd backend {client.server_info().backend}; "
           f"{args.new_tokens} new tokens a sequence, prompts of 16; best of {args.repeats}")
     times = StepTimes()
-    print("| B | transport | in-process PyTorch tok/s | samplerd (hf_generate.generate) tok/s "
-          "| ratio | per step: samplerd - PyTorch us | step() p50 us | server total p50 us "
+    print("| B | loop | transport | in-process PyTorch tok/s | samplerd (hf_generate.generate) "
+          "tok/s | ratio | per step: samplerd - PyTorch us | step p50 us | server total p50 us "
           "| kernels p50 us |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for B in [int(b) for b in args.batches.split(",")]:
         model, kind = make_model(B, 16 + args.new_tokens + 8)
         prompts = [[1 + (7 * s + j) % 1000 for j in range(16)] for s in range(B)]
         params = [samplerd.SamplingParams(temperature=0.7, top_k=50, top_p=0.95, top_logprobs=5,
                                           seed=s) for s in range(B)]
         gen = torch.Generator(device="cuda").manual_seed(0)
-        best = {"torch": 0.0, "channel": 0.0, "stream": 0.0}
+        runs = [(loop, name) for loop in ("sync", "async")
+                for name in ("torch", "channel", "stream")]
+        best = {run: 0.0 for run in runs}
         parts = {}
         for round_ in range(args.repeats + 1):  # round 0 warms up and is not counted
-            for name in best:  # interleaved: the host's drift falls on each alike
+            for loop, name in runs:  # interleaved: the host's drift falls on each alike
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 if name == "torch":
-                    n = len(torch_generate(model, prompts, args.new_tokens, gen)) * B
+                    n = len(torch_generate(model, prompts, args.new_tokens, gen,
+                                           ahead=loop == "async")) * B
                 else:
                     times.clear()
                     n = sum(len(g.tokens) for g in generate(
-                        client, model, prompts, params, args.new_tokens, transport=name))
+                        client, model, prompts, params, args.new_tokens, transport=name,
+                        device_tokens=loop == "async"))
                 rate = n / (time.perf_counter() - t0)
-                if round_ and rate > best[name]:
-                    best[name] = rate
+                if round_ and rate > best[loop, name]:
+                    best[loop, name] = rate
                     if name != "torch":
-                        parts[name] = times.p50s()
-        for name in ("channel", "stream"):
-            extra = (B / best[name] - B / best["torch"]) * 1e6
-            print(f"| {B} | {name} | {best['torch']:.0f} | {best[name]:.0f} | "
-                  f"{best[name] / best['torch']:.2f} | {extra:.0f} | "
-                  + " | ".join(f"{t:.0f}" for t in parts[name]) + " |", flush=True)
+                        parts[loop, name] = times.p50s()
+        for loop in ("sync", "async"):
+            base = best[loop, "torch"]
+            for name in ("channel", "stream"):
+                got = best[loop, name]
+                extra = (B / got - B / base) * 1e6
+                print(f"| {B} | {loop} | {name} | {base:.0f} | {got:.0f} | {got / base:.2f} | "
+                      f"{extra:.0f} | " + " | ".join(f"{t:.0f}" for t in parts[loop, name]) +
+                      " |", flush=True)
         print(f"model: {kind}")
         del model
         torch.cuda.empty_cache()

@@ -8,7 +8,9 @@ decodes with the model's KV cache; each sequence has its own SamplingParams (and
 stops at a stop token or after max_new_tokens. The model's last-position logits reach samplerd
 through one registered pool: shared memory on a CPU host, a CUDA tensor and a ready event on a
 GPU (samplerd then reads them without the worker synchronising); each step goes through the
-step channel (or gRPC's stream). hf_speculative.py adds a draft model.
+step channel (or gRPC's stream). On a GPU samplerd also writes the tokens into the worker's
+memory and the loop runs a step ahead (generate's device_tokens). hf_speculative.py adds a
+draft model.
 """
 import inspect
 import sys
@@ -85,50 +87,124 @@ def open_steps(client, transport: str):
     return client.channel() if transport == "channel" else client.stream()
 
 
+def _requests(prompts, params, out, live):
+    """One kind of request a step: the first samples the prompts' last rows, then one decode
+    row each. sample_position = tokens before the one drawn (SPEC 4)."""
+    requests = []
+    for i in live:
+        common = dict(request_id=f"seq{i}", params=params[i], prompt_token_ids=prompts[i],
+                      output_token_ids=out[i].tokens,
+                      sample_position=len(prompts[i]) + len(out[i].tokens))
+        requests.append(samplerd.Decode(first_row=i, **common) if out[i].tokens
+                        else samplerd.Prefill(row=i, **common))
+    return requests
+
+
+def _record(out, params, live, results):
+    """Appends each live sequence's token (raises if its request failed)."""
+    for i, result in zip(live, results):
+        out[i].tokens.append(int(result.token_ids[0]))
+        out[i].logprobs.append(float(result.logprobs[0]))
+        if params[i].top_logprobs:
+            out[i].top_ids.append(result.top_token_ids[0])
+            out[i].top_logprobs.append(result.top_logprobs[0])
+
+
 @torch.no_grad()
 def generate(client, model, prompts, params, max_new_tokens=32, stop_token_ids=(), pad=0,
-             transport="channel"):
-    """Each prompt's Generated; `transport` as open_steps'."""
+             transport="channel", device_tokens=None):
+    """Each prompt's Generated; `transport` as open_steps'.
+
+    `device_tokens` (default: when the model is on a GPU): samplerd writes each step's tokens
+    into this process's GPU memory (samplerd.TokenOutput) and the loop runs a step ahead: the
+    forward of step N+1 is enqueued, its input read from step N's tokens on the device, before
+    the host reads step N's answer (stop tokens, logprobs, the next requests' histories). The
+    answers are the same; the host's round trip leaves the GPU's critical path. A sequence
+    that stopped at step N has had one more forward computed for it, which is discarded."""
+    device = model.device
+    if device_tokens is None:
+        device_tokens = device.type == "cuda"
+    pool = LogitsPool(client, len(prompts), model.config.vocab_size, device)
+    try:
+        with open_steps(client, transport) as steps:
+            if device_tokens:
+                return _generate_ahead(client, model, prompts, params, max_new_tokens,
+                                       stop_token_ids, pad, steps, pool)
+            return _generate_in_step(model, prompts, params, max_new_tokens, stop_token_ids,
+                                     pad, steps, pool)
+    finally:
+        pool.close()
+
+
+def _forward(model, pool, ids, mask, positions, cache):
+    step = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                 logits_to_keep=1, **{cache_keyword(model): cache})
+    logits = pool.put(step.logits[:, -1, :model.config.vocab_size].float())
+    return getattr(step, cache_keyword(model)), logits
+
+
+def _generate_in_step(model, prompts, params, max_new_tokens, stop_token_ids, pad, steps, pool):
+    """The synchronous loop: each step's answer, then its tokens to the device."""
+    ids, mask, positions = left_pad(prompts, pad, model.device)
+    out = [Generated() for _ in prompts]
+    live, cache = list(range(len(prompts))), None
+    while live:
+        cache, logits = _forward(model, pool, ids, mask, positions, cache)
+        _record(out, params, live, steps.step(logits, _requests(prompts, params, out, live)))
+        next_ids = [pad] * len(prompts)
+        for i in live:
+            next_ids[i] = out[i].tokens[-1]
+        live = [i for i in live if out[i].tokens[-1] not in stop_token_ids
+                and len(out[i].tokens) < max_new_tokens]
+        ids = torch.tensor(next_ids, device=model.device)[:, None]  # one copy a step
+        positions = positions[:, -1:] + 1
+        mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
+    return out
+
+
+def _generate_ahead(client, model, prompts, params, max_new_tokens, stop_token_ids, pad, steps,
+                    pool):
+    """The asynchronous loop: tokens stay on the device; the host is one step behind."""
     device, batch = model.device, len(prompts)
     ids, mask, positions = left_pad(prompts, pad, device)
     out = [Generated() for _ in prompts]
-    live, cache = list(range(batch)), None
-    cache_arg = cache_keyword(model)
-    pool = LogitsPool(client, batch, model.config.vocab_size, device)
+    tokens = samplerd.TokenOutput(client, f"hf-tokens-{id(pool)}", max_requests=batch,
+                                  device=device)
+    live = list(range(batch))
+    cache, logits = _forward(model, pool, ids, mask, positions, None)
+    index = {}  # the live rows as a device index, made once per live set
     try:
-        with open_steps(client, transport) as stream:
-            while live:
-                step = model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                             use_cache=True, logits_to_keep=1, **{cache_arg: cache})
-                cache = getattr(step, cache_arg)
-                logits = pool.put(step.logits[:, -1, :model.config.vocab_size].float())
-                # One kind of request a step: the first samples the prompts' last rows, then
-                # one decode row each. sample_position = tokens before the one drawn (SPEC 4).
-                requests = []
-                for i in live:
-                    common = dict(request_id=f"seq{i}", params=params[i],
-                                  prompt_token_ids=prompts[i], output_token_ids=out[i].tokens,
-                                  sample_position=len(prompts[i]) + len(out[i].tokens))
-                    requests.append(samplerd.Decode(first_row=i, **common) if out[i].tokens
-                                    else samplerd.Prefill(row=i, **common))
-                results = stream.step(logits, requests)
-                next_ids = [pad] * batch
-                for i, result in zip(live, results):
-                    token = int(result.token_ids[0])  # raises if this request failed
-                    out[i].tokens.append(token)
-                    out[i].logprobs.append(float(result.logprobs[0]))
-                    if params[i].top_logprobs:
-                        out[i].top_ids.append(result.top_token_ids[0])
-                        out[i].top_logprobs.append(result.top_logprobs[0])
-                    next_ids[i] = token
-                live = [i for i in live if out[i].tokens[-1] not in stop_token_ids
-                        and len(out[i].tokens) < max_new_tokens]
-                ids = torch.tensor(next_ids, device=device)[:, None]  # one copy a step
+        steps.send(client.build(logits, _requests(prompts, params, out, live),
+                                output=tokens.next(len(live))))
+        while True:
+            sent = live
+            # Step N+1's forward, queued before step N's answer is read (unless no sequence
+            # can go on after step N): the stream waits on the device for samplerd's tokens.
+            if any(len(out[i].tokens) + 1 < max_new_tokens for i in sent):
+                tokens.wait()
+                rows = index.get(tuple(sent))
+                if rows is None:
+                    rows = index[tuple(sent)] = torch.tensor(sent, device=device)
+                ids = torch.full((batch, 1), pad, dtype=torch.long, device=device)
+                ids[rows, 0] = tokens.token_ids[:len(sent), 0].long()
                 positions = positions[:, -1:] + 1
                 mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
+                cache, logits = _forward(model, pool, ids, mask, positions, cache)
+            try:
+                results = steps.receive()
+            except samplerd.SamplerError:
+                tokens.release()  # the step wrote nothing: free the stream's wait
+                raise
+            _record(out, params, sent, results)
+            live = [i for i in sent if out[i].tokens[-1] not in stop_token_ids
+                    and len(out[i].tokens) < max_new_tokens]
+            if not live:
+                return out
+            steps.send(client.build(logits, _requests(prompts, params, out, live),
+                                    output=tokens.next(len(live))))
     finally:
-        pool.close()
-    return out
+        torch.cuda.synchronize(device)
+        client.unregister(tokens.region.name)
 
 
 def tiny_llama(vocab=512, hidden=64, layers=2, seed=0, **config):

@@ -8,40 +8,61 @@
 # daemon (started for the call and always stopped: the card's settings are not touched):
 # `samplerd --probe_gpu_context` must say MPS client, bench/mps_wedge.py kills workers while
 # their kernels run (samplerd must exit 3 and every replacement get a context and sample), and
-# the same client tests again. Exits non-zero if any of it failed.
+# the same client tests again (test_cuda_output.py too: tokens written into the worker's memory,
+# the asynchronous loop). Exits non-zero if any of it failed.
+#   bash scripts/gpu_mps.sh bench [STEPS]
+# runs bench/decode_loop_bench.py and bench/hf_example_gpu.py without and with MPS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 pack=.device-pack-mps
-if [[ ${1:-} == run ]]; then
-  source $pack/env.sh
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site $pack/wheels/*.whl || exit 1
-  export PYTHONPATH=/tmp/site SAMPLERD_BIN=$PWD/$pack/bin/samplerd SAMPLERD_TEST_BACKEND=cuda
-  status=0
-  echo "=== without MPS"
-  $pack/bin/samplerd --probe_gpu_context || status=1
-  python3 -m pytest -q -s -p no:cacheprovider client/python/tests/test_cuda.py \
-    client/python/tests/test_cuda_dead_worker.py || status=1
+mps_start() {
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/samplerd-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/samplerd-mps/log
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   nvidia-cuda-mps-control -d || { echo "gpu_mps: the MPS control daemon did not start"; exit 1; }
   trap 'echo quit | nvidia-cuda-mps-control; sleep 1' EXIT
+}
+client_tests=(client/python/tests/test_cuda.py client/python/tests/test_cuda_output.py
+              client/python/tests/test_cuda_dead_worker.py)
+if [[ ${1:-} == run || ${1:-} == bench ]]; then
+  source $pack/env.sh
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site $pack/wheels/*.whl || exit 1
+  export PYTHONPATH=/tmp/site SAMPLERD_BIN=$PWD/$pack/bin/samplerd SAMPLERD_TEST_BACKEND=cuda
+fi
+if [[ ${1:-} == bench ]]; then
+  # The decode loop and the transformers example, without MPS then with a private daemon each.
+  status=0
+  for mps in "" --mps; do
+    timeout 280 python3 bench/decode_loop_bench.py --samplerd=$pack/bin/samplerd \
+      --samplerctl=$pack/bin/samplerctl --steps="${2:-200}" $mps || status=1
+  done
+  for mps in "" --mps; do
+    timeout 280 python3 bench/hf_example_gpu.py --samplerd=$pack/bin/samplerd --repeats=2 $mps \
+      || status=1
+  done
+  exit $status
+fi
+if [[ ${1:-} == run ]]; then
+  status=0
+  echo "=== without MPS"
+  $pack/bin/samplerd --probe_gpu_context || status=1
+  python3 -m pytest -q -s -p no:cacheprovider "${client_tests[@]}" || status=1
+  mps_start
   echo "=== under MPS"
   $pack/bin/samplerd --probe_gpu_context | tee /tmp/probe.txt || status=1
   grep -q "MPS client" /tmp/probe.txt || { echo "gpu_mps: not an MPS client under MPS"; status=1; }
   # Workers killed mid-kernel: samplerd must exit (3) so the MPS server serves the next ones.
   timeout 240 python3 bench/mps_wedge.py $pack/bin/samplerd "${2:-15}" || status=1
-  python3 -m pytest -q -s -p no:cacheprovider client/python/tests/test_cuda.py \
-    client/python/tests/test_cuda_dead_worker.py || status=1
+  python3 -m pytest -q -s -p no:cacheprovider "${client_tests[@]}" || status=1
   echo "=== after the tests: a new context still comes"
   $pack/bin/samplerd --probe_gpu_context || status=1
   tail -n 20 "$CUDA_MPS_LOG_DIRECTORY"/server.log 2>/dev/null
   exit $status
 fi
-bazel build //server:samplerd || exit 1
+bazel build -c opt //server:samplerd //client:samplerctl || exit 1
 grep -qx "/$pack/" .git/info/exclude 2>/dev/null || echo "/$pack/" >> .git/info/exclude
 rm -rf $pack
-../shared/tools/device-pack $pack bazel-bin/server/samplerd || exit 1
+../shared/tools/device-pack $pack bazel-bin/server/samplerd bazel-bin/client/samplerctl || exit 1
 venv=$(bash scripts/pyvenv.sh client/python/tests/requirements.txt)
 "$venv/bin/pip" wheel -q --disable-pip-version-check --no-deps -w $pack/wheels ./client/python
 "$venv/bin/pip" download -q --disable-pip-version-check --no-deps -d $pack/wheels \

@@ -186,6 +186,29 @@ def test_gpu_overlays_put_both_containers_on_one_gpu():
         assert c["resources"]["limits"]["nvidia.com/gpu"] == 1, c["name"]
 
 
+@pytest.mark.parametrize("overlay", ["sidecar-gpu-dra", "sidecar-gpu-device-plugin"])
+def test_gpu_overlays_run_samplerd_and_the_worker_under_one_mps_server(overlay):
+    """Issue 46: the pod's first native sidecar is an MPS control daemon; samplerd and the
+    worker are its clients (its pipe directory, shared by a memory-backed emptyDir, and one
+    /dev/shm); a daemon whose server refuses new clients is restarted by its liveness probe."""
+    spec = pod_spec(objects(overlay))["spec"]
+    mps, sd = spec["initContainers"][0], spec["initContainers"][1]
+    assert mps["name"] == "mps" and sd["name"] == "samplerd"
+    assert mps["restartPolicy"] == "Always" and mps["command"] == ["nvidia-cuda-mps-control", "-f"]
+    assert mps["image"] == sd["image"]
+    env = lambda c: {e["name"]: e.get("value") for e in c.get("env", [])}
+    pipe = env(mps)["CUDA_MPS_PIPE_DIRECTORY"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    worker = next(c for c in spec["containers"] if c["name"] == "worker")
+    for c in (mps, sd, worker):
+        assert env(c)["CUDA_MPS_PIPE_DIRECTORY"] == pipe, c["name"]
+        mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+        assert volumes[mounts[pipe]["name"]]["emptyDir"]["medium"] == "Memory", c["name"]
+        assert mounts["/dev/shm"]["name"] == "dshm" and not mounts["/dev/shm"].get("readOnly")
+    assert mps["startupProbe"]["exec"]["command"][-1].endswith("nvidia-cuda-mps-control")
+    assert mps["livenessProbe"]["exec"]["command"] == ["samplerd", "--probe_gpu_context"]
+
+
 @pytest.mark.parametrize("overlay", ["standalone", "standalone-cert-manager"])
 def test_standalone(overlay):
     objs = objects(overlay)

@@ -537,6 +537,8 @@ class StepStream:
             self._resume()
         raise AssertionError("unreachable")
 
+    receive = recv  # as the step channel names it
+
     def step(self, logits, requests: Sequence[Request], **kw) -> StepResult:
         self.send(self._client.build(logits, requests, **kw))
         return self.recv()
@@ -806,6 +808,8 @@ class AsyncStepStream:
                 raise error
             await self._resume()
         raise AssertionError("unreachable")
+
+    receive = recv  # as the step channel names it
 
     async def step(self, logits, requests: Sequence[Request], **kw) -> StepResult:
         await self.send(self._client.build(logits, requests, **kw))

@@ -304,8 +304,9 @@ def _fill_logits(tensor, logits):
 
 def build_step(logits, requests: Sequence[Request], *, step_id: int = 0,
                vocab_size: Optional[int] = None, force_top_n: int = 0,
-               compute_sum_smaller_probs: bool = False, group_id: str = ""):
-    """A SampleRequest for one step. `vocab_size` defaults to the logits' columns."""
+               compute_sum_smaller_probs: bool = False, group_id: str = "", output=None):
+    """A SampleRequest for one step. `vocab_size` defaults to the logits' columns; `output`: a
+    pb.StepOutput (TokenOutput.next()) for tokens written into this worker's GPU memory."""
     if not requests:
         raise ValueError("a step needs at least one request")
     kinds = {r.kind for r in requests}
@@ -319,6 +320,8 @@ def build_step(logits, requests: Sequence[Request], *, step_id: int = 0,
     msg.inputs.compute_sum_smaller_probs = compute_sum_smaller_probs
     for r in requests:
         r.to_proto(msg.inputs.requests.add())
+    if output is not None:
+        msg.output.CopyFrom(output)
     return msg
 
 
