@@ -1,4 +1,5 @@
 // DeviceLogits with the CUDA runtime (the build found a toolkit).
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
@@ -38,6 +39,101 @@ v1::RegisterBufferRequest DeviceLogits::RegisterRequest(const std::string& name)
   request.set_device_id(device_);
   request.set_byte_size(static_cast<int64_t>(bytes_));
   return request;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceTokens>> DeviceTokens::Create(int max_requests,
+                                                                   int tokens_per_request,
+                                                                   int device) {
+  if (max_requests < 1 || tokens_per_request < 1 || max_requests > (1 << 20) ||
+      tokens_per_request > (1 << 10)) {
+    return absl::InvalidArgumentError("DeviceTokens: 1..2^20 requests of 1..1024 tokens");
+  }
+  std::unique_ptr<DeviceTokens> out(new DeviceTokens());
+  out->max_requests_ = max_requests;
+  out->tokens_per_request_ = tokens_per_request;
+  out->device_ = device;
+  const int64_t words = int64_t{max_requests} * (tokens_per_request + 1);
+  out->done_offset_ = (words * 4 + 127) / 128 * 128;  // the done word in a line of its own
+  out->bytes_ = out->done_offset_ + 128;
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) return CudaStatus(e, "cudaSetDevice");
+  if (cudaError_t e = cudaMalloc(&out->data_, out->bytes_); e != cudaSuccess) {
+    return CudaStatus(e, "cudaMalloc");
+  }
+  if (cudaError_t e = cudaMemset(out->data_, 0, out->bytes_); e != cudaSuccess) {
+    return CudaStatus(e, "cudaMemset");
+  }
+  cudaIpcMemHandle_t handle;
+  if (cudaError_t e = cudaIpcGetMemHandle(&handle, out->data_); e != cudaSuccess) {
+    return CudaStatus(e, "cudaIpcGetMemHandle");
+  }
+  out->handle_.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
+  return out;
+}
+
+DeviceTokens::~DeviceTokens() {
+  if (data_ != nullptr) cudaFree(data_);
+}
+
+v1::RegisterBufferRequest DeviceTokens::RegisterRequest(const std::string& name) const {
+  v1::RegisterBufferRequest request;
+  request.set_name(name);
+  request.set_kind(v1::CUDA_IPC);
+  request.set_cuda_ipc_handle(handle_);
+  request.set_device_id(device_);
+  request.set_byte_size(bytes_);
+  request.set_output(true);
+  return request;
+}
+
+v1::StepOutput DeviceTokens::Next(const std::string& name, int num_requests) {
+  value_ = value_ + 1 == 0 ? 1 : value_ + 1;
+  v1::StepOutput output;
+  output.mutable_token_ids()->set_name(name);
+  output.set_tokens_per_request(tokens_per_request_);
+  output.mutable_num_accepted()->set_name(name);
+  output.mutable_num_accepted()->set_byte_offset(int64_t{4} * max_requests_ * tokens_per_request_);
+  output.mutable_done_word()->set_name(name);
+  output.mutable_done_word()->set_byte_offset(done_offset_);
+  output.set_done_value(value_);
+  (void)num_requests;  // the server checks the slices against the step's requests
+  return output;
+}
+
+absl::Status DeviceTokens::Wait(void* stream) const {
+  // The driver's cuStreamWaitValue32, through the runtime (no link against libcuda).
+  using WaitValue = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+  static WaitValue wait = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, cudaEnableDefault,
+                                         &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      fn = nullptr;
+    }
+    return reinterpret_cast<WaitValue>(fn);
+  }();
+  if (wait == nullptr) return absl::UnavailableError("this CUDA driver has no cuStreamWaitValue32");
+  const CUresult r = wait(static_cast<CUstream>(stream),
+                          reinterpret_cast<CUdeviceptr>(static_cast<char*>(data_) + done_offset_),
+                          value_, CU_STREAM_WAIT_VALUE_GEQ);
+  if (r != CUDA_SUCCESS) {
+    return absl::InternalError(absl::StrCat("cuStreamWaitValue32 failed: CUresult ", r));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceTokens::Read(std::vector<int32_t>* token_ids,
+                                std::vector<int32_t>* num_accepted) const {
+  const size_t tokens = static_cast<size_t>(max_requests_) * tokens_per_request_;
+  std::vector<int32_t> all(tokens + max_requests_);
+  if (cudaError_t e = cudaMemcpy(all.data(), data_, all.size() * 4, cudaMemcpyDeviceToHost);
+      e != cudaSuccess) {
+    return CudaStatus(e, "cudaMemcpy");
+  }
+  token_ids->assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(tokens));
+  num_accepted->assign(all.begin() + static_cast<std::ptrdiff_t>(tokens), all.end());
+  return absl::OkStatus();
 }
 
 }  // namespace samplerd

@@ -50,6 +50,24 @@ struct StreamResult {
   Clock::time_point first, last;  // start of the first measured step, end of the last
 };
 
+// A step's device tokens equal its response's: a stream waits on the done word (as a worker's
+// next forward would), then the area is read back.
+absl::Status CheckDeviceTokens(const DeviceTokens& tokens, const v1::SampleResponse& response) {
+  RETURN_IF_ERROR(tokens.Wait(nullptr));  // the legacy stream: the copy below is ordered after
+  std::vector<int32_t> ids, accepted;
+  RETURN_IF_ERROR(tokens.Read(&ids, &accepted));
+  for (int i = 0; i < response.results_size(); ++i) {
+    const v1::RequestResult& r = response.results(i);
+    const int32_t want = r.status().code() == 0 && r.token_ids_size() > 0 ? r.token_ids(0) : -1;
+    if (ids[static_cast<size_t>(i)] != want) {
+      return absl::InternalError(absl::StrCat("step ", response.step_id(), ": request ", i,
+                                              "'s device token ", ids[static_cast<size_t>(i)],
+                                              " is not the response's ", want));
+    }
+  }
+  return absl::OkStatus();
+}
+
 void RunStream(const LoadOptions& options, int index, SamplerClient& client, StreamResult& out) {
   const int64_t bytes = static_cast<int64_t>(options.rows) * options.vocab * 4;
   std::vector<float> logits(static_cast<size_t>(options.rows) * options.vocab);
@@ -58,6 +76,7 @@ void RunStream(const LoadOptions& options, int index, SamplerClient& client, Str
   for (float& v : logits) v = normal(rng);
   std::unique_ptr<ShmBuffer> shm;
   std::unique_ptr<DeviceLogits> device;
+  std::unique_ptr<DeviceTokens> tokens;
   const std::string buffer_name = absl::StrCat("bench-", getpid(), "-", index);
   using Source = LoadOptions::Source;
   if (options.source == Source::kCudaIpc) {
@@ -69,6 +88,16 @@ void RunStream(const LoadOptions& options, int index, SamplerClient& client, Str
     device = std::move(*created);
     out.status = client.RegisterBuffer(device->RegisterRequest(buffer_name));
     if (!out.status.ok()) return;
+    if (options.device_tokens) {
+      auto made = DeviceTokens::Create(options.rows, 1, /*device=*/0);
+      if (!made.ok()) {
+        out.status = made.status();
+        return;
+      }
+      tokens = std::move(*made);
+      out.status = client.RegisterBuffer(tokens->RegisterRequest(buffer_name + "-tokens"));
+      if (!out.status.ok()) return;
+    }
   } else if (options.source == Source::kShm) {
     auto created = ShmBuffer::Create("/samplerd-" + buffer_name, bytes);
     if (!created.ok()) {
@@ -110,6 +139,9 @@ void RunStream(const LoadOptions& options, int index, SamplerClient& client, Str
       // The copy into the message is part of what inline logits cost.
       tensor->set_data(logits.data(), bytes);
     }
+    if (tokens != nullptr) {
+      *request.mutable_output() = tokens->Next(buffer_name + "-tokens", options.rows);
+    }
     auto response = channel ? channel->Step(request)
                     : stream ? stream->Step(request)
                              : client.Sample(request);
@@ -123,6 +155,10 @@ void RunStream(const LoadOptions& options, int index, SamplerClient& client, Str
                                 response->error().message());
       return;
     }
+    if (tokens != nullptr) {
+      out.status = CheckDeviceTokens(*tokens, *response);
+      if (!out.status.ok()) return;
+    }
     if (step == options.warmup) out.first = start;
     out.last = Clock::now();
     if (step >= options.warmup) {
@@ -131,6 +167,9 @@ void RunStream(const LoadOptions& options, int index, SamplerClient& client, Str
     }
   }
   if (stream) out.status = stream->Close();
+  if (tokens != nullptr && out.status.ok()) {
+    out.status = client.UnregisterBuffer(buffer_name + "-tokens");
+  }
   if (options.source != Source::kInline && out.status.ok()) {
     out.status = client.UnregisterBuffer(buffer_name);
   }

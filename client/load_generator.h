@@ -30,6 +30,10 @@ struct LoadOptions {
   Source source = Source::kInline;
   bool streaming = false;   // SampleStream, else unary Sample
   bool channel = false;     // a co-located step channel (shared memory), over the others
+  // With cuda_ipc logits: each step also writes its tokens into this process's GPU memory
+  // (StepOutput, DeviceTokens); a stream waits for them on the device and every step's device
+  // tokens are checked against its response (outside the timed part).
+  bool device_tokens = false;
 };
 
 struct LoadReport {

@@ -54,7 +54,8 @@ constexpr char kUsage[] =
     "  --live              [off] exit 0 whenever the server answers, SERVING or NOT_SERVING\n"
     "                      (for liveness probes, which must pass while it drains); health\n"
     "  --streams=N [1] --rows=N [16] --vocab=N [129280] --steps=N [200] --warmup=N [10]\n"
-    "  --source=inline|shm|cuda_ipc [inline] --mode=unary|stream|channel [unary]; bench\n"
+    "  --source=inline|shm|cuda_ipc [inline] --mode=unary|stream|channel [unary]\n"
+    "  --device_tokens (cuda_ipc: tokens also written into GPU memory, checked); bench\n"
     "FILE: protobuf JSON, one SampleRequest, an array, or {\"steps\": [...]}; - = stdin\n"
     "exit status: 0 success, 1 failure (reason on stderr), 2 bad usage\n";
 
@@ -231,6 +232,11 @@ int Bench(const Args& args) {
   options.source = *source;
   options.streaming = mode == "stream";
   options.channel = mode == "channel";
+  options.device_tokens = args.Has("device_tokens") && args.Get("device_tokens") != "false";
+  if (options.device_tokens && options.source != samplerd::LoadOptions::Source::kCudaIpc) {
+    std::cerr << "samplerctl: --device_tokens needs --source=cuda_ipc\n";
+    return 2;
+  }
   auto report = RunLoad(options);
   if (!report.ok()) return Fail(report.status());
   std::cout << FormatReport(options, *report);

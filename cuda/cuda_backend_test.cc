@@ -3,6 +3,7 @@
 // 1e-5), plus bitwise repeatability and batch invariance on the GPU. Tagged `gpu`.
 #include "cuda/cuda_backend.h"
 
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -1026,6 +1027,65 @@ TEST(CudaBackend, ResidualDrawOrdersNearTiesAsTheCpu) {
     EXPECT_GT(replaced_behind, 10) << "the seeds must reach the reordered intervals";
   }
   EXPECT_EQ(tally.token_mismatches, 0);
+}
+
+// StepOutput (issue 46): the assembled tokens land in device memory, -1 past each request's
+// tokens and for a failed request, then the accept counts and the done word; a step that fails
+// as a whole writes nothing.
+TEST(CudaBackend, StepOutputWritesTheTokensIntoDeviceMemory) {
+  auto gpu = Gpu();
+  ASSERT_NE(gpu, nullptr);
+  const int32_t vocab = 1000, stride = 4;
+  HostLogits logits(9, vocab, 7, 2.0f);
+  Step step = MakeStep(StepKind::kDraft, logits, vocab);
+  for (int i = 0; i < 3; ++i) {
+    RequestInputs r;
+    r.request_id = "d" + std::to_string(i);
+    r.rows = {3 * i, 3 * i + 1, 3 * i + 2};
+    r.draft_indices = {1, 2, 3};
+    r.params.seq_seed = 40 + i;
+    if (i == 1) r.params.top_p = 2.0f;  // fails alone
+    step.requests.push_back(r);
+  }
+  const size_t words = 3 * stride + 3 + 1;
+  int32_t* device = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device), words * sizeof(int32_t)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(device, 0x7f, words * sizeof(int32_t)), cudaSuccess);
+  step.output.token_ids = device;
+  step.output.tokens_per_request = stride;
+  step.output.num_accepted = device + 3 * stride;
+  step.output.done_word = device + 3 * stride + 3;
+  step.output.done_value = 17;
+  const StepResult result = RunStep(*gpu, step);
+  std::vector<int32_t> got(words);
+  ASSERT_EQ(cudaMemcpy(got.data(), device, words * sizeof(int32_t), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  for (int i = 0; i < 3; ++i) {
+    std::vector<int32_t> want(stride, -1);
+    if (result.results[i].status.ok()) {
+      ASSERT_EQ(result.results[i].token_ids.size(), 3u);
+      std::copy(result.results[i].token_ids.begin(), result.results[i].token_ids.end(),
+                want.begin());
+    }
+    EXPECT_EQ(std::vector<int32_t>(got.begin() + stride * i, got.begin() + stride * (i + 1)),
+              want)
+        << i;
+    EXPECT_EQ(got[3 * stride + i], 0) << "DRAFT steps accept nothing";
+  }
+  EXPECT_FALSE(result.results[1].status.ok());
+  EXPECT_EQ(got[3 * stride + 3], 17);
+
+  // A step that fails as a whole (a failed launch) leaves the area as it was.
+  ASSERT_EQ(cudaMemset(device, 0, words * sizeof(int32_t)), cudaSuccess);
+  step.output.done_value = 18;
+  gpu->InjectLaunchFailures(1);
+  auto plan = PlanStep(step, Limits{}, [] { return uint64_t{9}; });
+  ASSERT_TRUE(plan.ok());
+  EXPECT_FALSE(gpu->Sample(*plan).ok());
+  ASSERT_EQ(cudaMemcpy(got.data(), device, words * sizeof(int32_t), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(got, std::vector<int32_t>(words, 0));
+  cudaFree(device);
 }
 
 }  // namespace

@@ -42,10 +42,28 @@ if [[ ${1:-} == bench ]]; then
   done
   exit $status
 fi
+# The C++ side of StepOutput: the backend's writes, then samplerctl bench --device_tokens (a
+# stream waits on the done word; every step's device tokens checked against its response).
+cpp_outputs() {
+  $pack/bin/cuda_backend_test --gtest_filter='*StepOutput*' || return 1
+  local dir
+  dir=$(mktemp -d)
+  $pack/bin/samplerd --backend=cuda --listen=127.0.0.1:0 --port_file="$dir/port" \
+    > "$dir/log" 2>&1 &
+  local pid=$! rc=0
+  for _ in $(seq 100); do [[ -s $dir/port ]] && break; sleep 0.1; done
+  for mode in stream channel; do
+    $pack/bin/samplerctl bench --target="127.0.0.1:$(head -1 "$dir/port")" --rows=64 \
+      --vocab=128256 --source=cuda_ipc --device_tokens --mode=$mode --steps=300 || rc=1
+  done
+  kill $pid; wait $pid
+  return $rc
+}
 if [[ ${1:-} == run ]]; then
   status=0
   echo "=== without MPS"
   $pack/bin/samplerd --probe_gpu_context || status=1
+  cpp_outputs || status=1
   python3 -m pytest -q -s -p no:cacheprovider "${client_tests[@]}" || status=1
   mps_start
   echo "=== under MPS"
@@ -54,15 +72,17 @@ if [[ ${1:-} == run ]]; then
   # Workers killed mid-kernel: samplerd must exit (3) so the MPS server serves the next ones.
   timeout 240 python3 bench/mps_wedge.py $pack/bin/samplerd "${2:-15}" || status=1
   python3 -m pytest -q -s -p no:cacheprovider "${client_tests[@]}" || status=1
+  cpp_outputs || status=1
   echo "=== after the tests: a new context still comes"
   $pack/bin/samplerd --probe_gpu_context || status=1
   tail -n 20 "$CUDA_MPS_LOG_DIRECTORY"/server.log 2>/dev/null
   exit $status
 fi
-bazel build -c opt //server:samplerd //client:samplerctl || exit 1
+bazel build -c opt //server:samplerd //client:samplerctl //cuda:cuda_backend_test || exit 1
 grep -qx "/$pack/" .git/info/exclude 2>/dev/null || echo "/$pack/" >> .git/info/exclude
 rm -rf $pack
-../shared/tools/device-pack $pack bazel-bin/server/samplerd bazel-bin/client/samplerctl || exit 1
+../shared/tools/device-pack $pack bazel-bin/server/samplerd bazel-bin/client/samplerctl \
+  bazel-bin/cuda/cuda_backend_test || exit 1
 venv=$(bash scripts/pyvenv.sh client/python/tests/requirements.txt)
 "$venv/bin/pip" wheel -q --disable-pip-version-check --no-deps -w $pack/wheels ./client/python
 "$venv/bin/pip" download -q --disable-pip-version-check --no-deps -d $pack/wheels \
