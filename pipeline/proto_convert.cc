@@ -324,12 +324,33 @@ absl::Status BatchFromProto(const v1::RequestBatch& batch, StepKind kind, const 
   if (kind == StepKind::kPrefill && !num_rows.empty()) {
     return FieldError(field + ".num_rows", "is for DECODE steps");
   }
-  const SamplingParams params = ParamsFromProto(batch.params());
+  ASSIGN_OR_RETURN(std::vector<int32_t> param_index,
+                   BatchArray<int32_t>(batch.param_index(), count, field + ".param_index"));
+  std::vector<SamplingParams> sets;
+  if (batch.param_sets_size() > 0) {
+    if (batch.has_params()) {
+      return FieldError(field + ".param_sets", "set either params or param_sets, not both");
+    }
+    if (param_index.empty()) {
+      return FieldError(field + ".param_index", "required with param_sets: int32 per request");
+    }
+    for (const v1::SamplingParams& p : batch.param_sets()) sets.push_back(ParamsFromProto(p));
+    for (int64_t i = 0; i < count; ++i) {
+      if (param_index[i] < 0 || param_index[i] >= batch.param_sets_size()) {
+        return FieldError(field + ".param_index",
+                          absl::StrCat("entry ", i, " is ", param_index[i], ": not one of the ",
+                                       batch.param_sets_size(), " param_sets"));
+      }
+    }
+  } else {
+    if (!param_index.empty()) return FieldError(field + ".param_index", "needs param_sets");
+    sets.push_back(ParamsFromProto(batch.params()));
+  }
   requests.resize(count);
   for (int64_t i = 0; i < count; ++i) {
     RequestInputs& r = requests[i];
     r.request_id = absl::StrCat(batch.request_id_prefix(), i);
-    r.params = params;
+    r.params = sets[param_index.empty() ? 0 : param_index[i]];
     if (!seeds.empty()) r.params.seq_seed = seeds[i];
     if (kind == StepKind::kPrefill) {
       r.row = rows[i];

@@ -332,7 +332,7 @@ def _array_bytes(values, dtype) -> bytes:
     return np.ascontiguousarray(values, dtype=dtype).tobytes()
 
 
-def build_batch(logits, kind, rows, *, params: Optional[SamplingParams] = None,
+def build_batch(logits, kind, rows, *, params=None,
                 num_rows=None, sample_positions=None, seeds=None, request_id_prefix: str = "",
                 step_id: int = 0, vocab_size: Optional[int] = None,
                 compute_sum_smaller_probs: bool = False, output=None,
@@ -340,7 +340,9 @@ def build_batch(logits, kind, rows, *, params: Optional[SamplingParams] = None,
     """A SampleRequest of B = len(rows) requests from arrays (RequestBatch), with no Python
     object per request: request i reads row rows[i] (DECODE: rows[i] .. + num_rows[i] - 1) with
     the shared `params`, seeds[i] as its seq_seed and sample_positions[i]; it is named
-    request_id_prefix + str(i). `kind` is "prefill" or "decode" (or pb.PREFILL / pb.DECODE).
+    request_id_prefix + str(i). `params` is one SamplingParams for all, or a sequence of B
+    (one per request: each distinct object is sent once, the requests index them). `kind` is
+    "prefill" or "decode" (or pb.PREFILL / pb.DECODE).
     `output`: a pb.StepOutput (TokenOutput.next()). With `packed_results` samplerd answers with
     arrays (a BatchResult)."""
     msg = pb.SampleRequest(step_id=step_id, packed_results=packed_results)
@@ -350,8 +352,19 @@ def build_batch(logits, kind, rows, *, params: Optional[SamplingParams] = None,
     inputs.vocab_size = vocab_size if vocab_size is not None else msg.logits.cols
     inputs.compute_sum_smaller_probs = compute_sum_smaller_probs
     batch = inputs.batch
-    if params is not None:
+    if isinstance(params, SamplingParams):
         params.fill(batch.params)
+    elif params is not None:
+        slots, index = {}, []
+        for p in params:
+            slot = slots.get(id(p))
+            if slot is None:
+                slot = slots[id(p)] = len(slots)
+                p.fill(batch.param_sets.add())
+            index.append(slot)
+        if len(index) != len(rows):
+            raise ValueError(f"{len(index)} params for {len(rows)} rows")
+        batch.param_index = _array_bytes(index, "<i4")
     batch.rows = _array_bytes(rows, "<i4")
     if num_rows is not None:
         batch.num_rows = _array_bytes(num_rows, "<i4")

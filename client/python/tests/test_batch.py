@@ -59,6 +59,31 @@ def test_a_batch_answers_as_its_requests_bitwise(server, kind):
     assert got.request_ids == [str(i) for i in range(B)]
 
 
+def test_per_request_params_are_sent_once_each(server):
+    """params per request: the distinct objects travel once (param_sets), indexed per request,
+    and answer as the same requests sent one message each."""
+    x = logits(5)
+    cold, hot = SamplingParams(temperature=0.3, top_logprobs=2), SamplingParams(top_k=7)
+    chosen = [cold if i % 3 else hot for i in range(B)]
+    seeds = np.arange(B, dtype=np.uint64) + 50
+    with samplerd.SamplerClient(server.target) as client:
+        msg = client.build_batch(x, "decode", np.arange(B), params=chosen, seeds=seeds)
+        assert len(msg.inputs.batch.param_sets) == 2
+        got = client.sample_request(msg)
+        want = client.sample_request(client.build(x, [
+            Decode(str(i), first_row=i, num_rows=1, params=SamplingParams(
+                **{k: v for k, v in vars(chosen[i]).items() if not k.startswith("_") and k != "seed"},
+                seed=int(seeds[i]))) for i in range(B)]))
+        np.testing.assert_array_equal(got.token_ids, np.concatenate(want.token_ids))
+        np.testing.assert_array_equal(got.logprobs, np.concatenate([r.logprobs for r in want]))
+        msg.inputs.batch.param_index = np.full(B, 2, "<i4").tobytes()
+        with pytest.raises(samplerd.SamplerError, match=r"inputs.batch.param_index: entry 0 is 2"):
+            client.sample_request(msg)
+        msg.inputs.batch.params.top_k = 3
+        with pytest.raises(samplerd.SamplerError, match=r"set either params or param_sets"):
+            client.sample_request(msg)
+
+
 def test_packed_results_hold_what_request_results_hold(server):
     """A mixed step (a failed request, a speculative one, sum-of-smaller-probs) answered both
     ways: the arrays hold the RequestResults' values, padded as documented."""
