@@ -130,12 +130,6 @@ struct CudaBackend::Impl {
     absl::MutexLock lock(&lanes_mu);
     free_lanes.push_back(lane);
   }
-  bool TakeInjectedFailure() {
-    int left = launch_failures.load();
-    while (left > 0 && !launch_failures.compare_exchange_weak(left, left - 1)) {
-    }
-    return left > 0;
-  }
 
   // The device part of a step on `lane`: host logits copied over (or the producer's event
   // waited for), then the jobs in launches of at most kMaxJobsPerLaunch.
@@ -155,8 +149,6 @@ struct CudaBackend::Impl {
   std::vector<std::unique_ptr<cuda::Lane>> lanes;
   absl::Mutex lanes_mu;
   std::vector<cuda::Lane*> free_lanes ABSL_GUARDED_BY(lanes_mu);
-  // Tests: how many of the next launches fail with a real CUDA error (InjectLaunchFailures).
-  std::atomic<int> launch_failures{0};
   // Benchmarks only (set between steps, read by the step's thread).
   absl::Mutex bench_mu;
   std::shared_ptr<cuda::LaunchProbe> probe ABSL_GUARDED_BY(bench_mu);
@@ -193,7 +185,6 @@ absl::Status CudaBackend::Impl::RunOnLane(cuda::Lane& lane, const Step& step,
   launch.probe = held_probe.get();
   for (size_t begin = 0; begin < jobs.jobs.size(); begin += kMaxJobsPerLaunch) {
     const size_t end = std::min(jobs.jobs.size(), begin + kMaxJobsPerLaunch);
-    launch.inject_failure = TakeInjectedFailure();
     RETURN_IF_ERROR(cuda::LaunchJobs(lane, step, device_logits, jobs, begin, end, launch,
                                      results, kernel_us));
   }
@@ -252,7 +243,6 @@ void CudaBackend::set_split_path(bool on) {
   absl::MutexLock lock(&impl_->bench_mu);
   impl_->split_path = on;
 }
-void CudaBackend::InjectLaunchFailures(int count) { impl_->launch_failures.store(count); }
 
 absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
   Impl& impl = *impl_;

@@ -64,12 +64,6 @@ class CudaBackend final : public Backend {
   void set_launch_probe(std::shared_ptr<cuda::LaunchProbe> probe);
   void set_split_path(bool on);
 
-  // Tests: the next `count` launches (one per RunJobs, on whichever lane) fail with a real CUDA
-  // error (cudaErrorInvalidValue) after their inputs were queued, as issue 25's failed launch
-  // did. That step fails with INTERNAL naming the launch's configuration; its lane is
-  // recovered and serves the next step.
-  void InjectLaunchFailures(int count);
-
  private:
   struct Impl;
   explicit CudaBackend(std::unique_ptr<Impl> impl);

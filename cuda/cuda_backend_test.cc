@@ -16,6 +16,8 @@
 #include <mutex>
 #include <gmock/gmock.h>
 
+#include "cuda/cuda_status.h"
+#include "cuda/launch_probe.h"
 #include "sampler/backend_compare.h"
 #include "sampler/cpu_backend.h"
 #include "sampler/draft_rule_cases.h"
@@ -34,6 +36,27 @@ std::unique_ptr<CudaBackend> Gpu(int lanes = CudaBackendOptions{}.streams) {
   auto gpu = CudaBackend::Create(options);
   EXPECT_TRUE(gpu.ok()) << gpu.status();
   return gpu.ok() ? std::move(*gpu) : nullptr;
+}
+
+// The next `count` launches (one per launch of jobs, on whichever lane) fail with a real CUDA
+// error (cudaErrorInvalidValue) after their inputs were queued, as issue 25's failed launch
+// did: a launch probe (cuda/launch_probe.h), so production launches carry no test hook.
+class FailingLaunches final : public cuda::LaunchProbe {
+ public:
+  explicit FailingLaunches(int count) : left_(count) {}
+  absl::Status BeforeLaunch(cudaStream_t) override { return absl::OkStatus(); }
+  absl::Status AfterStep(bool) override { return absl::OkStatus(); }
+  absl::Status AtLaunch(cudaStream_t stream) override {
+    if (left_.fetch_sub(1) <= 0) return absl::OkStatus();
+    return CudaStatus(cudaMemsetAsync(nullptr, 0, 16, stream), "cudaMemsetAsync");
+  }
+
+ private:
+  std::atomic<int> left_;
+};
+
+void FailNextLaunches(CudaBackend& gpu, int count) {
+  gpu.set_launch_probe(std::make_shared<FailingLaunches>(count));
 }
 
 std::unique_ptr<CpuBackend> Cpu() {
@@ -955,7 +978,7 @@ TEST(CudaBackend, AFailedLaunchFailsOnlyItsStepAndItsLaneServesTheNext) {
   const StepResult want = RunStep(*cpu, issue.step);
   auto plan = PlanStep(issue.step, Limits{}, [] { return uint64_t{9}; });
   ASSERT_TRUE(plan.ok());
-  gpu.InjectLaunchFailures(1);
+  FailNextLaunches(gpu, 1);
   auto failed = gpu.Sample(*plan);
   ASSERT_FALSE(failed.ok());
   EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal);
@@ -1078,7 +1101,7 @@ TEST(CudaBackend, StepOutputWritesTheTokensIntoDeviceMemory) {
   // A step that fails as a whole (a failed launch) leaves the area as it was.
   ASSERT_EQ(cudaMemset(device, 0, words * sizeof(int32_t)), cudaSuccess);
   step.output.done_value = 18;
-  gpu->InjectLaunchFailures(1);
+  FailNextLaunches(*gpu, 1);
   auto plan = PlanStep(step, Limits{}, [] { return uint64_t{9}; });
   ASSERT_TRUE(plan.ok());
   EXPECT_FALSE(gpu->Sample(*plan).ok());

@@ -158,11 +158,7 @@ absl::Status LaunchJobs(Lane& lane, const Step& step, const LogitsView& device_l
   if (options.probe != nullptr) RETURN_IF_ERROR(options.probe->BeforeLaunch(lane.stream));
   SAMPLERD_CUDA_RETURN(cudaEventRecord(lane.start, lane.stream));
   absl::Status launched = [&]() -> absl::Status {
-    if (options.inject_failure) {
-      // Tests only: a real CUDA error (an invalid argument, as issue 25's failed launch had)
-      // where the launches are, after this launch's inputs were queued on the stream.
-      SAMPLERD_CUDA_RETURN(cudaMemsetAsync(nullptr, 0, 16, lane.stream));
-    }
+    if (options.probe != nullptr) RETURN_IF_ERROR(options.probe->AtLaunch(lane.stream));
     if (fused_fits) {
       // Rows with a small top-k: independent blocks over chunks of each row, the last of which
       // finishes the row. The rest: one read of each row by a cluster of blocks, which also runs

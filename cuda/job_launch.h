@@ -23,7 +23,6 @@ namespace cuda {
 struct LaunchOptions {
   bool split_path = true;         // false: every small-top-k row on the fused path (benchmarks)
   LaunchProbe* probe = nullptr;   // benchmarks
-  bool inject_failure = false;    // tests: fail with a real CUDA error where the launches are
 };
 
 // Runs jobs [begin, end) of `jobs` on `lane`, reading `device_logits`; appends their results

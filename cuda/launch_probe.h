@@ -1,6 +1,7 @@
-// Benchmarks only: what runs around a step's launches when a benchmark sets it on the CUDA
-// backend (CudaBackend::set_launch_probe; cuda/stage_timer.h is the one there is). The service
-// never sets one, so production launches have nothing of it on their path but a null check.
+// Benchmarks and tests only: what runs around a step's launches when one sets it on the CUDA
+// backend (CudaBackend::set_launch_probe; cuda/stage_timer.h times stages, and the tests' probe
+// fails a launch). The service never sets one, so production launches have nothing of it on
+// their path but a null check.
 #ifndef SAMPLERD_CUDA_LAUNCH_PROBE_H_
 #define SAMPLERD_CUDA_LAUNCH_PROBE_H_
 
@@ -18,6 +19,9 @@ class LaunchProbe {
   virtual absl::Status BeforeLaunch(cudaStream_t stream) = 0;
   // After the lane's stream finished the step; `split_ran`: some job took the split path.
   virtual absl::Status AfterStep(bool split_ran) = 0;
+  // Where the kernels are launched, after the step's inputs were queued: an error here fails
+  // the step as a failed launch does (with the launches' description).
+  virtual absl::Status AtLaunch(cudaStream_t /*stream*/) { return absl::OkStatus(); }
 };
 
 }  // namespace cuda

@@ -50,8 +50,6 @@ inline float ExpNonPositive(float x) {
 
 }  // namespace
 
-float FastExp(float x) { return ExpNonPositive(x); }
-
 SAMPLERD_VECTOR_CLONES
 bool HasNanOrPosInf(const float* values, int32_t n) {
   int bad = 0;

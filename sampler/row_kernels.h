@@ -44,9 +44,6 @@ struct ScoreOrder {
 // Sorts ids by ScoreOrder.
 void SortByScore(const float* scores, std::vector<int32_t>* ids);
 
-// Scalar float exp used by the vector loops (exposed for tests).
-float FastExp(float x);
-
 }  // namespace samplerd
 
 #endif  // SAMPLERD_SAMPLER_ROW_KERNELS_H_

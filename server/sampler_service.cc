@@ -165,6 +165,8 @@ SamplerService::SamplerService(Backend& backend, BufferRegistry& registry, Group
           ReleaseOwner(owner, "lease_expired");
         }
         DropChannels("", nullptr);
+        // Expired drafts give their memory back now, not at the next step that stores some.
+        backend_.draft_pool().Expire();
         reaper_mu_.Lock();
       }
     });
