@@ -18,7 +18,7 @@ def _cuda_configure_impl(ctx):
         ctx.symlink(root + "/bin", "bin")
         ctx.symlink(root + "/lib64", "lib64")
         ctx.file("BUILD.bazel", """
-package(default_visibility = ["//visibility:public"])
+package(default_visibility = ["@//:gpu_users"])
 
 cc_library(
     name = "cuda_headers",
@@ -45,7 +45,7 @@ filegroup(
 """.format(root = root))
     else:
         ctx.file("BUILD.bazel", """
-package(default_visibility = ["//visibility:public"])
+package(default_visibility = ["@//:gpu_users"])
 
 cc_library(name = "cuda_headers")
 
