@@ -21,8 +21,10 @@ enqueues forward N+1 (reading step N's tokens on the device) before it reads ste
 The modes run interleaved, in blocks of 20 timed steps at the same positions (the host's step
 times drift over a run). A step's time is one iteration of the loop; each mode's overhead is
 its p50 minus the model alone's in the same loop. The model alone must be the fastest in its
-loop: where it is not the baseline is broken, the parts of every mode are printed and the run
-exits 1. `--mps` starts a private MPS control daemon for the run (and always stops it):
+loop (within 3%, the noise of a host-bound step): where it is not the baseline is broken, the
+parts of every mode are printed and the run exits 1. Every KV length is run once before the
+timing: the first forward at a new length costs ~40 ms of one-off setup, which once fell on
+whichever mode reached a position first and made the model alone the slowest. `--mps` starts a private MPS control daemon for the run (and always stops it):
 samplerd and this process become clients of one MPS server. `samplerctl bench`'s p50 for the
 same step shape is printed beside.
 
@@ -332,6 +334,13 @@ def main():
         blocks = max(1, args.steps // BLOCK)
         model = Model(batch=B, max_len=blocks * (BLOCK + WARMUP) + 8)
         model.logits = torch.empty(B, VOCAB, device="cuda", dtype=torch.bfloat16)
+        # Every KV length the loops will use, once, untimed: the first forward at each new
+        # length pays ~40 ms of one-off setup (measured), which fell on whichever mode ran a
+        # position first (the model alone) and made the baseline the slowest mode.
+        for pos in range(blocks * (BLOCK + WARMUP)):
+            model.pos = pos
+            model(torch.zeros(B, dtype=torch.long, device="cuda"), out=model.logits)
+        torch.cuda.synchronize()
         region = client.register_cuda_tensor(f"logits-b{B}", model.logits)
         output = samplerd.TokenOutput(client, f"tokens-b{B}", max_requests=B)
         lines = [f"B={B:<3d} {blocks * (BLOCK - 1)} steps a mode, interleaved in blocks of {BLOCK}"]
@@ -350,7 +359,10 @@ def main():
                              ("" if name == "alone" else f"  overhead p50 {p50 - base:+8.1f} us"))
                 lines.append("        parts p50 us: " + ", ".join(
                     f"{k} {stats(v)[0]:.1f}" for k, v in modes[name].parts.items()))
-            slower = [name for name, p50 in p50s.items() if p50 < base]
+            # A mode whose GPU work hides behind the host's launches (a host-bound model in
+            # the asynchronous loop) can come out within noise of the model alone either way:
+            # only a baseline slower by more than 3% is broken.
+            slower = [name for name, p50 in p50s.items() if p50 * 1.03 < base]
             if slower:
                 broken = True
                 lines.append(f"  BROKEN BASELINE ({loop}): the model alone ({base:.1f} us) is "

@@ -8,8 +8,8 @@ decodes with the model's KV cache; each sequence has its own SamplingParams (and
 stops at a stop token or after max_new_tokens. The model's last-position logits reach samplerd
 through one registered pool: shared memory on a CPU host, a CUDA tensor and a ready event on a
 GPU (samplerd then reads them without the worker synchronising); each step goes through the
-step channel (or gRPC's stream). On a GPU samplerd also writes the tokens into the worker's
-memory and the loop runs a step ahead (generate's device_tokens). hf_speculative.py adds a
+step channel (or gRPC's stream). On a GPU, generate(device_tokens=True) has samplerd also write
+the tokens into the worker's memory and runs the loop a step ahead. hf_speculative.py adds a
 draft model.
 """
 import inspect
@@ -115,7 +115,8 @@ def generate(client, model, prompts, params, max_new_tokens=32, stop_token_ids=(
              transport="channel", device_tokens=None):
     """Each prompt's Generated; `transport` as open_steps'.
 
-    `device_tokens` (default: when the model is on a GPU): samplerd writes each step's tokens
+    `device_tokens` (a model on a GPU; off by default until the GPU test of this loop,
+    client/python/tests/test_cuda_output.py, has passed on the GPU machine): samplerd writes each step's tokens
     into this process's GPU memory (samplerd.TokenOutput) and the loop runs a step ahead: the
     forward of step N+1 is enqueued, its input read from step N's tokens on the device, before
     the host reads step N's answer (stop tokens, logprobs, the next requests' histories). The
@@ -123,7 +124,9 @@ def generate(client, model, prompts, params, max_new_tokens=32, stop_token_ids=(
     that stopped at step N has had one more forward computed for it, which is discarded."""
     device = model.device
     if device_tokens is None:
-        device_tokens = device.type == "cuda"
+        device_tokens = False
+    if device_tokens and device.type != "cuda":
+        raise ValueError("device_tokens needs a model on a CUDA device")
     pool = LogitsPool(client, len(prompts), model.config.vocab_size, device)
     try:
         with open_steps(client, transport) as steps:

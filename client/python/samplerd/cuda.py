@@ -117,6 +117,8 @@ class TokenOutput:
     def __init__(self, client, name: str, max_requests: int, tokens_per_request: int = 1,
                  device=None):
         torch = _torch()
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         self.max_requests = max_requests
         self.tokens_per_request = tokens_per_request
         n = max_requests * tokens_per_request

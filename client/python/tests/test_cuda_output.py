@@ -12,6 +12,8 @@
 - A step that fails as a whole writes nothing; release() frees the stream's wait.
 - Writes go only where the owner registered for output: a region registered without it, a
   slice past its end and a misaligned offset are refused naming the field.
+- examples/hf_generate.py's asynchronous loop (device_tokens) generates what its synchronous
+  loop generates, stop tokens included (a transformers Llama at random weights on the GPU).
 """
 import grpc
 import numpy as np
@@ -189,3 +191,30 @@ def test_writes_only_into_output_regions(client):
     assert (plain == 0).all()
     client.unregister("plain")
     client.unregister("small")
+
+
+def test_the_examples_asynchronous_loop_generates_as_the_synchronous_one(client):
+    pytest.importorskip("transformers")
+    import pathlib
+    import sys
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "examples"))
+    from hf_generate import generate, tiny_llama
+
+    model = tiny_llama().to("cuda")
+    prompts = [[1, 17, 42, 7], [1, 99], [1, 5, 6, 7, 8, 9], [3, 3]]
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=0.8, top_p=0.95, seed=7,
+                                                            top_logprobs=2),
+              SamplingParams(temperature=1.0, top_k=40, repetition_penalty=1.2, seed=8),
+              SamplingParams(temperature=0.7, seed=9)]
+    free = generate(client, model, prompts, params, 24, device_tokens=False)
+    # A stop token the synchronous run emitted early in one sequence: the asynchronous loop
+    # must stop that sequence there too while the others go on.
+    stop = free[2].tokens[3]
+    stops_at = free[2].tokens.index(stop) + 1
+    sync = generate(client, model, prompts, params, 24, stop_token_ids=[stop],
+                    device_tokens=False)
+    ahead = generate(client, model, prompts, params, 24, stop_token_ids=[stop],
+                     device_tokens=True)
+    assert [g.tokens for g in ahead] == [g.tokens for g in sync]
+    assert [g.logprobs for g in ahead] == [g.logprobs for g in sync]
+    assert len(sync[2].tokens) == stops_at
