@@ -1,5 +1,6 @@
 // The general path: prepare (logits -> x with padding, NaN check, grammar mask, each row's
-// max), the penalties kernel, then one block per row job running the general algorithm
+// max), the token updates kernel (RowUpdatesKernel: adjustments and penalties), then one block
+// per row job running the general algorithm
 // (kernels/general.cuh). Also the step's parameter checks.
 #include <cfloat>
 #include <cmath>
@@ -57,7 +58,7 @@ __global__ void RowUpdatesKernel(StepParams p) {
 
 __global__ void __launch_bounds__(kSampleThreads) SampleRowsKernel(StepParams p) {
   __shared__ Shared sh;
-  // A NaN / +inf found by the prepare kernel, or a penalty overflow by the penalties kernel.
+  // A NaN / +inf found by the prepare kernel, or an overflow by the token updates kernel.
   if (p.results[blockIdx.x].status != 0) return;
   SampleRowGeneral(p, blockIdx.x, sh);
 }

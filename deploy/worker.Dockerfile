@@ -6,8 +6,9 @@ FROM debian:12-slim
 RUN apt-get update -qq && \
     apt-get install -y -qq --no-install-recommends python3 python3-venv && \
     rm -rf /var/lib/apt/lists/*
-# The client compiles samplerd's .proto when it is built: both from the repository.
+# The client compiles samplerd's .proto when it is built, and takes its VERSION: from the repository.
 COPY proto /src/proto
+COPY VERSION /src/VERSION
 COPY client/python /src/client/python
 RUN python3 -m venv /opt/venv && \
     /opt/venv/bin/pip install -q --no-cache-dir --disable-pip-version-check /src/client/python && \

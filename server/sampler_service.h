@@ -33,6 +33,7 @@
 #include "server/owner_leases.h"
 #include "server/peer_identity.h"
 #include "server/step_channel.h"
+#include "server/version.h"
 
 namespace samplerd {
 
@@ -41,7 +42,7 @@ struct ServiceOptions {
   int max_queued_steps = 64;            // steps admitted at once (waiting or computing)
   int64_t max_message_bytes = 64 << 20; // reported by GetServerInfo
   MemoryBudget* request_memory = nullptr;  // bounds what conversion allocates; null = unbounded
-  std::string version = "0.1.0";
+  std::string version = SAMPLERD_VERSION;
   // How long a client's registrations outlive its last call (OwnerLeases); <= 0: until they
   // are unregistered or a stream of the client drops.
   absl::Duration registration_lease = absl::Seconds(5);

@@ -3,7 +3,8 @@
 The one build step beyond plain setuptools: compile the service's .proto (the repository's
 proto/samplerd/v1/sampler.proto, two directories up) into a serialized FileDescriptorSet,
 samplerd/sampler.desc, which samplerd._proto turns into message classes at import time. Doing
-it at build time keeps one source of truth (the .proto) and no generated code in the tree.
+it at build time keeps one source of truth (the .proto) and no generated code in the tree. The
+version is the repository's VERSION file, as samplerd's.
 """
 import os
 import sys
@@ -13,6 +14,7 @@ from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROTO_ROOT = os.path.normpath(os.path.join(HERE, "..", "..", "proto"))
+VERSION_FILE = os.path.normpath(os.path.join(HERE, "..", "..", "VERSION"))
 PROTO = "samplerd/v1/sampler.proto"
 
 
@@ -32,4 +34,10 @@ class BuildWithDescriptors(build_py):
             sys.exit(f"samplerd client: protoc failed on {PROTO} (exit {rc})")
 
 
-setup(cmdclass={"build_py": BuildWithDescriptors})
+def version():
+    """The repository's VERSION (samplerd's too: one place it is written)."""
+    with open(VERSION_FILE) as f:
+        return f.read().strip()
+
+
+setup(version=version(), cmdclass={"build_py": BuildWithDescriptors})

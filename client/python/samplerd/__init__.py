@@ -19,7 +19,12 @@ from .shm import ShmRegion
 from .step import (CudaLogits, Decode, Draft, NcclLogits, Prefill, SamplingParams, ShmLogits,
                    build_batch, build_step)
 
-__version__ = "0.1.0"
+try:
+    from importlib.metadata import version as _version
+
+    __version__ = _version("samplerd")  # the repository's VERSION, as installed
+except Exception:  # pragma: no cover - run from a source tree without installing
+    __version__ = "unknown"
 __all__ = [
     "pb", "TLS", "SamplerClient", "StepChannel", "AsyncStepChannel", "AsyncSamplerClient", "StepStream", "AsyncStepStream", "CudaRegion",
     "ReadyEvent", "SamplerError", "RequestError", "RequestResult", "StepResult", "ShmRegion",

@@ -236,3 +236,12 @@ def test_sampling_params_changes_reach_the_next_request():
     assert list(third.stop_token_ids) == [1, 7]
     assert dict(third.logit_bias) == {4: 1.0, 5: 2.0}
     assert third.temperature == 0.25
+
+
+def test_client_and_server_versions_are_the_repositorys(server):
+    """One VERSION file: samplerd reports it (GetServerInfo) and the client was built with it."""
+    import pathlib
+    want = (pathlib.Path(__file__).resolve().parents[3] / "VERSION").read_text().strip()
+    with samplerd.SamplerClient(server.target) as client:
+        assert client.server_info().version == want
+    assert samplerd.__version__ == want
