@@ -32,24 +32,33 @@ constexpr size_t kMaxJobsPerLaunch = 8192;
 // proto promises: token ids, accept counts, the done word, then the done event. The tokens are
 // the assembled results (a DECODE's accepted prefix is decided on the host), so they are copied
 // up from here; the step waits for the copies, so the host arrays and the regions' leases
-// outlive them.
+// outlive them. The host array holds only the columns some request filled: the client's
+// tokens_per_request (as large as its region) costs device memsets, never host memory.
 absl::Status WriteStepOutput(cudaStream_t stream, const StepOutputTarget& out,
                              const StepResult& result) {
   const size_t requests = result.results.size();
   std::vector<int32_t> tokens;
-  if (out.token_ids != nullptr) {
+  if (out.token_ids != nullptr && requests > 0) {
     const size_t stride = static_cast<size_t>(out.tokens_per_request);
-    tokens.assign(requests * stride, -1);
+    size_t filled = 1;
+    for (const RequestResult& r : result.results) {
+      if (r.status.ok()) filled = std::max(filled, r.token_ids.size());
+    }
+    filled = std::min(filled, stride);  // planning checked the stride; min() keeps it in bounds
+    tokens.assign(requests * filled, -1);
     for (size_t i = 0; i < requests; ++i) {
       const RequestResult& r = result.results[i];
       if (!r.status.ok()) continue;
-      // Planning checked the stride against every request; min() keeps the copy in bounds.
-      std::copy_n(r.token_ids.begin(), std::min(stride, r.token_ids.size()),
-                  tokens.begin() + static_cast<std::ptrdiff_t>(i * stride));
+      std::copy_n(r.token_ids.begin(), std::min(filled, r.token_ids.size()),
+                  tokens.begin() + static_cast<std::ptrdiff_t>(i * filled));
     }
-    SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(out.token_ids, tokens.data(),
-                                         tokens.size() * sizeof(int32_t),
-                                         cudaMemcpyHostToDevice, stream));
+    if (filled < stride) {  // -1 (all bits set) past every request's tokens
+      SAMPLERD_CUDA_RETURN(cudaMemsetAsync(out.token_ids, 0xFF,
+                                           requests * stride * sizeof(int32_t), stream));
+    }
+    SAMPLERD_CUDA_RETURN(cudaMemcpy2DAsync(out.token_ids, stride * sizeof(int32_t), tokens.data(),
+                                           filled * sizeof(int32_t), filled * sizeof(int32_t),
+                                           requests, cudaMemcpyHostToDevice, stream));
   }
   std::vector<int32_t> accepted;
   if (out.num_accepted != nullptr) {

@@ -387,8 +387,11 @@ absl::Status OutputFromProto(const v1::StepOutput& in, Step& step, ConvertedStep
   }
   StepOutputTarget& out = step.output;
   const int64_t requests = static_cast<int64_t>(step.requests.size());
-  if (in.tokens_per_request() < 0) {
-    return FieldError(field + ".tokens_per_request", "must be >= 0 (0 = 1)");
+  if (in.tokens_per_request() < 0 || in.tokens_per_request() > ctx.limits.max_rows) {
+    return FieldError(field + ".tokens_per_request",
+                      absl::StrCat(in.tokens_per_request(), " is outside [0, ",
+                                   ctx.limits.max_rows, "] (0 = 1; no request emits more tokens "
+                                   "than the server's rows a step)"));
   }
   out.tokens_per_request = std::max(1, in.tokens_per_request());
   auto slice = [&](const v1::BufferSlice& s, int64_t bytes,

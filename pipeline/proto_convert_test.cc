@@ -305,7 +305,14 @@ TEST(ProtoConvert, OutputSlicesAreSizedByTheStep) {
   {
     OutputResolver resolver;
     EXPECT_THAT(StepFromProto(request, &resolver).status().message(),
-                HasSubstr("output.tokens_per_request: must be >= 0"));
+                HasSubstr("output.tokens_per_request: -1 is outside [0, "));
+  }
+  out->set_tokens_per_request(Limits{}.max_rows + 1);  // a 2D copy's pitch stays small
+  {
+    OutputResolver resolver;
+    EXPECT_EQ(StepFromProto(request, &resolver).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(resolver.extents.empty());
   }
   // Without a resolver (run-local) nothing can be written.
   out->set_tokens_per_request(3);
