@@ -483,10 +483,9 @@ void SamplerService::EndStream(const std::string& client) {
 grpc::Status SamplerService::Sample(grpc::ServerContext* context, const v1::SampleRequest* request,
                                     v1::SampleResponse* response) {
   steps_read_.fetch_add(1);
-  const std::string client = ClientScope(*context);
-  leases_.Touch(client, absl::Now());
-  const grpc::Status status = ToGrpcStatus(
-      RunStep(*request, client, options_.access.Privileged(*context), response));
+  const grpc::Status status = Handle(*context, "Sample", false, [&](const std::string& client) {
+    return RunStep(*request, client, options_.access.Privileged(*context), response);
+  });
   steps_answered_.fetch_add(1);
   return status;
 }
@@ -541,27 +540,32 @@ grpc::Status SamplerService::SampleStream(
 grpc::Status SamplerService::RegisterBuffer(grpc::ServerContext* context,
                                             const v1::RegisterBufferRequest* request,
                                             v1::RegisterBufferResponse* response) {
-  if (absl::Status denied = Guard(*context, "RegisterBuffer"); !denied.ok()) {
-    return ToGrpcStatus(denied);
-  }
+  return Handle(*context, "RegisterBuffer", true, [&](const std::string& owner) {
+    return RegisterBufferFor(owner, *context, *request, response);
+  });
+}
+
+absl::Status SamplerService::RegisterBufferFor(const std::string& owner,
+                                               grpc::ServerContext& context,
+                                               const v1::RegisterBufferRequest& request,
+                                               v1::RegisterBufferResponse* response) {
   const Clock::time_point start = Clock::now();
-  const std::string owner = ClientScope(*context);
   absl::StatusOr<ShmOpenOptions> shm = registry_.shm_options();
-  if (request->kind() == v1::HOST_SHM) shm = ShmOptionsFor(*context, "shm_name");
+  if (request.kind() == v1::HOST_SHM) shm = ShmOptionsFor(context, "shm_name");
   absl::StatusOr<v1::BufferInfo> registered =
-      shm.ok() ? registry_.Register(*request, owner, &*shm) : shm.status();
+      shm.ok() ? registry_.Register(request, owner, &*shm) : shm.status();
   if (registered.status().code() == absl::StatusCode::kAlreadyExists) {
-    const std::string holder = registry_.OwnerOf(request->name());
+    const std::string holder = registry_.OwnerOf(request.name());
     if (holder == owner) {
       // The same client registers the name again: its new region replaces the old (a worker
       // restarted under a stable client_id takes over its predecessor's names at once).
-      (void)registry_.Unregister(request->name(), owner);
-      registered = registry_.Register(*request, owner, &*shm);
+      (void)registry_.Unregister(request.name(), owner);
+      registered = registry_.Register(request, owner, &*shm);
     } else if (!holder.empty() && !leases_.Alive(holder, absl::Now())) {
       // A name whose owner is gone (a restarted worker's predecessor, killed before its lease
       // ran out and not yet reaped) is taken over; one whose owner is alive stays its.
       ReleaseOwner(holder, "taken_over");
-      registered = registry_.Register(*request, owner, &*shm);
+      registered = registry_.Register(request, owner, &*shm);
     }
   }
   metrics_.SetRegisteredBuffers(registry_.Size(), registry_.BytesHeld());
@@ -569,15 +573,15 @@ grpc::Status SamplerService::RegisterBuffer(grpc::ServerContext* context,
     // Held by a client alive by its lease alone (no stream): perhaps a killed worker whose
     // replacement is registering now. Its lease's remaining time says when to try again.
     const std::optional<absl::Duration> left =
-        leases_.LeaseLeft(registry_.OwnerOf(request->name()), absl::Now());
+        leases_.LeaseLeft(registry_.OwnerOf(request.name()), absl::Now());
     if (left.has_value()) {
-      context->AddTrailingMetadata(kRetryAfterMetadata,
+      context.AddTrailingMetadata(kRetryAfterMetadata,
                                    std::to_string(absl::ToInt64Milliseconds(*left) + 1));
     }
   }
   if (!registered.ok()) {
-    spdlog::warn("RegisterBuffer '{}': {}", request->name(), registered.status().ToString());
-    return ToGrpcStatus(registered.status());
+    spdlog::warn("RegisterBuffer '{}': {}", request.name(), registered.status().ToString());
+    return registered.status();
   }
   // Tracked once it owns something: a failed call leaves no lease entry behind (issue 45).
   leases_.Track(owner, absl::Now());
@@ -590,76 +594,72 @@ grpc::Status SamplerService::RegisterBuffer(grpc::ServerContext* context,
   } else if (!registered->pin_error().empty()) {
     pinning = ", not pinned: " + registered->pin_error();
   }
-  spdlog::info("registered buffer '{}' ({} bytes, {}{}) for {} in {} us", request->name(),
-               request->byte_size(), v1::BufferKind_Name(request->kind()), pinning, owner,
+  spdlog::info("registered buffer '{}' ({} bytes, {}{}) for {} in {} us", request.name(),
+               request.byte_size(), v1::BufferKind_Name(request.kind()), pinning, owner,
                Micros(Clock::now() - start));
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 grpc::Status SamplerService::UnregisterBuffer(grpc::ServerContext* context,
                                               const v1::UnregisterBufferRequest* request,
                                               v1::UnregisterBufferResponse*) {
-  if (absl::Status denied = Guard(*context, "UnregisterBuffer"); !denied.ok()) {
-    return ToGrpcStatus(denied);
-  }
-  const std::string owner = ClientScope(*context);
-  leases_.Touch(owner, absl::Now());
-  const absl::Status status = registry_.Unregister(request->name(), owner);
-  metrics_.SetRegisteredBuffers(registry_.Size(), registry_.BytesHeld());
-  if (status.ok() && registry_.CountOwnedBy(owner) == 0 && OwnedChannels(owner) == 0) {
-    leases_.Forget(owner);  // owns nothing any more: no lease entry to keep
-    metrics_.SetTrackedClients(leases_.Tracked());
-  }
-  if (status.ok()) spdlog::info("unregistered buffer '{}'", request->name());
-  return ToGrpcStatus(status);
+  return Handle(*context, "UnregisterBuffer", true, [&](const std::string& owner) {
+    const absl::Status status = registry_.Unregister(request->name(), owner);
+    metrics_.SetRegisteredBuffers(registry_.Size(), registry_.BytesHeld());
+    if (status.ok() && registry_.CountOwnedBy(owner) == 0 && OwnedChannels(owner) == 0) {
+      leases_.Forget(owner);  // owns nothing any more: no lease entry to keep
+      metrics_.SetTrackedClients(leases_.Tracked());
+    }
+    if (status.ok()) spdlog::info("unregistered buffer '{}'", request->name());
+    return status;
+  });
 }
 
 grpc::Status SamplerService::ListBuffers(grpc::ServerContext* context,
                                          const v1::ListBuffersRequest*,
                                          v1::ListBuffersResponse* response) {
-  if (absl::Status denied = Guard(*context, "ListBuffers"); !denied.ok()) {
-    return ToGrpcStatus(denied);
-  }
   // A client sees its own regions only: owner ids are not public (issue 45).
-  const std::string owner = ClientScope(*context);
-  leases_.Touch(owner, absl::Now());
-  for (v1::BufferInfo& info : registry_.List(owner)) *response->add_buffers() = std::move(info);
-  return grpc::Status::OK;
+  return Handle(*context, "ListBuffers", true, [&](const std::string& owner) {
+    for (v1::BufferInfo& info : registry_.List(owner)) *response->add_buffers() = std::move(info);
+    return absl::OkStatus();
+  });
 }
 
 grpc::Status SamplerService::CreateGroup(grpc::ServerContext* context,
                                          const v1::CreateGroupRequest* request,
                                          v1::CreateGroupResponse* response) {
-  if (absl::Status denied = Guard(*context, "CreateGroup"); !denied.ok()) {
-    return ToGrpcStatus(denied);
-  }
-  if (draining_.load()) return ToGrpcStatus(absl::UnavailableError("samplerd is shutting down"));
+  return Handle(*context, "CreateGroup", true, [&](const std::string&) {
+    return CreateGroupFor(*request, response);
+  });
+}
+
+absl::Status SamplerService::CreateGroupFor(const v1::CreateGroupRequest& request,
+                                            v1::CreateGroupResponse* response) {
+  if (draining_.load()) return absl::UnavailableError("samplerd is shutting down");
   GroupConfig config;
-  config.world_size = request->world_size();
-  config.max_step_tokens = request->max_step_tokens();
-  config.device_id = request->device_id();
-  config.max_logits_bytes = request->max_logits_bytes();
-  config.join_timeout = absl::Milliseconds(request->join_timeout_ms());
-  config.op_timeout = absl::Milliseconds(request->op_timeout_ms());
+  config.world_size = request.world_size();
+  config.max_step_tokens = request.max_step_tokens();
+  config.device_id = request.device_id();
+  config.max_logits_bytes = request.max_logits_bytes();
+  config.join_timeout = absl::Milliseconds(request.join_timeout_ms());
+  config.op_timeout = absl::Milliseconds(request.op_timeout_ms());
   auto created = groups_.Create(config);
   if (!created.ok()) {
     spdlog::warn("CreateGroup: {}", created.status().ToString());
-    return ToGrpcStatus(created.status());
+    return created.status();
   }
   response->set_group_id(created->group_id);
   response->set_nccl_unique_id(created->unique_id);
   response->set_packet_bytes(created->packet_bytes);
   response->set_layout_version(kGroupPacketVersion);
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 grpc::Status SamplerService::DestroyGroup(grpc::ServerContext* context,
                                           const v1::DestroyGroupRequest* request,
                                           v1::DestroyGroupResponse*) {
-  if (absl::Status denied = Guard(*context, "DestroyGroup"); !denied.ok()) {
-    return ToGrpcStatus(denied);
-  }
-  return ToGrpcStatus(groups_.Destroy(request->group_id()));
+  return Handle(*context, "DestroyGroup", true,
+                [&](const std::string&) { return groups_.Destroy(request->group_id()); });
 }
 
 grpc::Status SamplerService::GetServerInfo(grpc::ServerContext*, const v1::GetServerInfoRequest*,
@@ -703,10 +703,11 @@ grpc::Status SamplerService::GetServerInfo(grpc::ServerContext*, const v1::GetSe
        {"prefill", "decode", "draft", "draft_pool", "prompt_logprobs", "grammar_masks",
         "penalties", "force_top_n", "sum_smaller_probs", "golden_tokens", "inline_logits",
         "host_shm", "shards", "bf16", "fp16", "release", "token_adjustments",
-        "registration_leases", "dry"}) {
+        "registration_leases", "dry", "request_batch", "packed_results"}) {
     response->add_features(feature);
   }
   if (info.mps) response->add_features("mps");
+  if (info.name == "cuda") response->add_features("step_output");  // tokens into GPU memory
   if (groups_.available()) {
     response->add_features("cp_groups");
     response->add_features("nccl_logits");
@@ -716,14 +717,14 @@ grpc::Status SamplerService::GetServerInfo(grpc::ServerContext*, const v1::GetSe
 
 grpc::Status SamplerService::Release(grpc::ServerContext* context, const v1::ReleaseRequest* request,
                                      v1::ReleaseResponse* response) {
-  const std::string scope = ClientScope(*context);
-  leases_.Touch(scope, absl::Now());
-  int released = 0;
-  for (const std::string& id : request->request_ids()) {
-    released += backend_.draft_pool().Release(DraftPoolKey(scope, id));
-  }
-  response->set_released_rows(released);
-  return grpc::Status::OK;
+  return Handle(*context, "Release", false, [&](const std::string& scope) {
+    int released = 0;
+    for (const std::string& id : request->request_ids()) {
+      released += backend_.draft_pool().Release(DraftPoolKey(scope, id));
+    }
+    response->set_released_rows(released);
+    return absl::OkStatus();
+  });
 }
 
 void SamplerService::AnswerStep(const v1::SampleRequest& request, const std::string& scope,
@@ -745,19 +746,23 @@ void SamplerService::AnswerStep(const v1::SampleRequest& request, const std::str
 grpc::Status SamplerService::OpenStepChannel(grpc::ServerContext* context,
                                              const v1::OpenStepChannelRequest* request,
                                              v1::OpenStepChannelResponse* response) {
-  if (absl::Status denied = Guard(*context, "OpenStepChannel"); !denied.ok()) {
-    return ToGrpcStatus(denied);
+  return Handle(*context, "OpenStepChannel", true, [&](const std::string& owner) {
+    return OpenStepChannelFor(owner, *context, *request, response);
+  });
+}
+
+absl::Status SamplerService::OpenStepChannelFor(const std::string& owner,
+                                                const grpc::ServerContext& context,
+                                                const v1::OpenStepChannelRequest& request,
+                                                v1::OpenStepChannelResponse* response) {
+  if (draining_.load()) return absl::UnavailableError("samplerd is shutting down");
+  if (request.capacity_bytes() > options_.max_message_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("capacity_bytes: ", request.capacity_bytes(),
+                                                   " exceeds the server's max_message_bytes of ",
+                                                   options_.max_message_bytes));
   }
-  const std::string owner = ClientScope(*context);
-  if (draining_.load()) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "samplerd is shutting down");
-  if (request->capacity_bytes() > options_.max_message_bytes) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("capacity_bytes: ", request->capacity_bytes(),
-                                     " exceeds the server's max_message_bytes of ",
-                                     options_.max_message_bytes));
-  }
-  absl::StatusOr<ShmOpenOptions> shm = ShmOptionsFor(*context, "shm_name");
-  if (!shm.ok()) return ToGrpcStatus(shm.status());
+  absl::StatusOr<ShmOpenOptions> shm = ShmOptionsFor(context, "shm_name");
+  if (!shm.ok()) return shm.status();
   DropChannels("", nullptr);  // those their workers closed
   {
     // The limits are checked and the slot taken under one lock (issue 45: 160 concurrent opens
@@ -765,20 +770,20 @@ grpc::Status SamplerService::OpenStepChannel(grpc::ServerContext* context,
     absl::MutexLock lock(&channels_mu_);
     const int total = static_cast<int>(channels_.size()) + opening_total_;
     if (total >= options_.max_step_channels) {
-      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          absl::StrCat(total, " step channels are open, the server's limit"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(total, " step channels are open, the server's limit"));
     }
     const int mine = OwnedChannelsLocked(owner) + (opening_.contains(owner) ? opening_[owner] : 0);
     if (mine >= options_.max_channels_per_client) {
-      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          absl::StrCat("this client has ", mine, " step channels open, the "
-                                       "limit of one client (--max_channels_per_client)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("this client has ", mine, " step channels open, the limit of one "
+                       "client (--max_channels_per_client)"));
     }
     ++opening_[owner];
     ++opening_total_;
   }
   auto channel = StepChannel::Open(
-      request->shm_name(), request->capacity_bytes(), *shm,
+      request.shm_name(), request.capacity_bytes(), *shm,
       [this, owner](const v1::SampleRequest& step, v1::SampleResponse* answer) {
         AnswerStep(step, owner, /*privileged=*/true, answer);  // opening it was guarded
       });
@@ -794,26 +799,26 @@ grpc::Status SamplerService::OpenStepChannel(grpc::ServerContext* context,
     }
   }
   if (!channel.ok()) {
-    spdlog::warn("OpenStepChannel '{}': {}", request->shm_name(), channel.status().ToString());
-    return ToGrpcStatus(channel.status());
+    spdlog::warn("OpenStepChannel '{}': {}", request.shm_name(), channel.status().ToString());
+    return channel.status();
   }
   leases_.Track(owner, absl::Now());  // only once it owns the channel (issue 45)
   metrics_.SetTrackedClients(leases_.Tracked());
   spdlog::info("opened step channel {} on '{}' ({} bytes a direction) for {}", id,
-               request->shm_name(), request->capacity_bytes(), owner);
+               request.shm_name(), request.capacity_bytes(), owner);
   response->set_channel_id(id);
   response->set_server_id(server_id_);
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 grpc::Status SamplerService::KeepAlive(grpc::ServerContext* context, const v1::KeepAliveRequest*,
                                        v1::KeepAliveResponse* response) {
-  const std::string client = ClientScope(*context);
-  leases_.Touch(client, absl::Now());
-  response->set_lease_ms(absl::ToInt64Milliseconds(options_.registration_lease));
-  response->set_buffers(registry_.CountOwnedBy(client));
-  response->set_server_id(server_id_);
-  return grpc::Status::OK;
+  return Handle(*context, "KeepAlive", false, [&](const std::string& client) {
+    response->set_lease_ms(absl::ToInt64Milliseconds(options_.registration_lease));
+    response->set_buffers(registry_.CountOwnedBy(client));
+    response->set_server_id(server_id_);
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace samplerd

@@ -29,6 +29,7 @@
 #include "server/access_policy.h"
 #include "server/buffer_registry.h"
 #include "server/group_registry.h"
+#include "server/grpc_status_util.h"
 #include "server/metrics.h"
 #include "server/owner_leases.h"
 #include "server/peer_identity.h"
@@ -123,6 +124,19 @@ class SamplerService final : public v1::Sampler::Service {
  private:
   // OK when the caller may call `rpc` (options_.access); else its PERMISSION_DENIED, counted.
   absl::Status Guard(const grpc::ServerContext& context, absl::string_view rpc);
+  // Every unary handler's prologue, once: the access guard for rpcs that change state
+  // (`guarded`), the caller's scope (ClientScope), its lease renewed; then `body(scope)`, whose
+  // absl::Status is the rpc's.
+  template <typename Body>
+  grpc::Status Handle(const grpc::ServerContext& context, absl::string_view rpc, bool guarded,
+                      Body&& body) {
+    if (guarded) {
+      if (absl::Status denied = Guard(context, rpc); !denied.ok()) return ToGrpcStatus(denied);
+    }
+    const std::string scope = ClientScope(context);
+    leases_.Touch(scope, absl::Now());
+    return ToGrpcStatus(body(scope));
+  }
   // One step, start to finish. Step-level faults are the returned status.
   // `privileged`: the caller may name registered buffers, groups and CUDA events (else
   // inline logits only; options_.access).
@@ -132,6 +146,15 @@ class SamplerService final : public v1::Sampler::Service {
   // step-level fault written into the response's `error`.
   void AnswerStep(const v1::SampleRequest& request, const std::string& scope, bool privileged,
                   v1::SampleResponse* response);
+  // The bodies of the handlers too long to read inside Handle's lambda.
+  absl::Status RegisterBufferFor(const std::string& owner, grpc::ServerContext& context,
+                                 const v1::RegisterBufferRequest& request,
+                                 v1::RegisterBufferResponse* response);
+  absl::Status CreateGroupFor(const v1::CreateGroupRequest& request,
+                              v1::CreateGroupResponse* response);
+  absl::Status OpenStepChannelFor(const std::string& owner, const grpc::ServerContext& context,
+                                  const v1::OpenStepChannelRequest& request,
+                                  v1::OpenStepChannelResponse* response);
   struct StepStats;
   // Admission, conversion (through `resolver`, which also holds the step's received NCCL
   // logits), planning and the backend: the step's results or its fault.

@@ -246,6 +246,8 @@ TEST_F(ServerE2E, TokenAdjustmentsThroughGrpc) {
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->limits().max_token_list(), 16384);
   EXPECT_THAT(info->features(), ::testing::Contains("token_adjustments"));
+  EXPECT_THAT(info->features(), ::testing::IsSupersetOf({"request_batch", "packed_results"}));
+  EXPECT_THAT(info->features(), ::testing::Not(::testing::Contains("step_output")));  // CPU
 
   v1::SampleRequest step = SmallStep(11, 4);
   auto* requests = step.mutable_inputs()->mutable_requests();
