@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "sampler/extent.h"
 #include "sampler/group_packet.h"
+#include "server/group_turn.h"
 #include "server/grpc_status_util.h"
 #include "pipeline/proto_convert.h"
 #include "pipeline/step_pipeline.h"
@@ -48,89 +49,6 @@ class Admission {
   std::atomic<int>& admitted_;
   bool ok_;
 };
-
-// The tensors of a step's logits that come over NCCL (the logits, or some of its shards), with
-// the field naming each.
-using NcclTensorList = std::vector<std::pair<const v1::Tensor*, std::string>>;
-NcclTensorList NcclTensors(const v1::Tensor& logits) {
-  NcclTensorList out;
-  if (logits.has_nccl()) out.emplace_back(&logits, "logits");
-  for (int i = 0; i < logits.shards_size(); ++i) {
-    if (logits.shards(i).has_nccl()) {
-      out.emplace_back(&logits.shards(i), absl::StrCat("logits.shards[", i, "]"));
-    }
-  }
-  return out;
-}
-
-// Resolves a step's NCCL tensors to the bytes its group already received; everything else
-// goes to the buffer registry.
-class StepResolver final : public LogitsSourceResolver {
- public:
-  struct Received {
-    const void* data;
-    bool on_device;
-  };
-  StepResolver(BufferRegistry& base, std::string owner,
-               std::map<const v1::Tensor*, Received> received)
-      : base_(base), owner_(std::move(owner)), received_(std::move(received)) {}
-
-  absl::StatusOr<const void*> Resolve(const v1::Tensor& tensor, int64_t byte_extent,
-                                      const std::string& field, bool* on_device,
-                                      std::shared_ptr<const void>* lease,
-                                      std::function<absl::Status()>* verify) override {
-    if (tensor.source_case() != v1::Tensor::kNccl) {
-      return base_.ResolveFor(owner_, tensor, byte_extent, field, on_device, lease, verify);
-    }
-    auto it = received_.find(&tensor);
-    if (it == received_.end()) {  // not reached: every NCCL tensor was received first
-      return absl::InternalError(absl::StrCat(field, ": NCCL logits were not received"));
-    }
-    *on_device = it->second.on_device;
-    return it->second.data;
-  }
-  absl::StatusOr<const void*> ResolveReadyEvent(const std::string& handle,
-                                                const std::string& field,
-                                                std::shared_ptr<const void>* lease) override {
-    return base_.ResolveReadyEventFor(owner_, handle, field, lease);
-  }
-  absl::StatusOr<void*> ResolveOutput(const v1::BufferSlice& slice, int64_t byte_extent,
-                                      const std::string& field,
-                                      std::shared_ptr<const void>* lease) override {
-    return base_.ResolveOutputFor(owner_, slice, byte_extent, field, lease);
-  }
-
- private:
-  BufferRegistry& base_;
-  const std::string owner_;  // one-off handles the step opens are this client's
-  const std::map<const v1::Tensor*, Received> received_;
-};
-
-// Receives a step's NCCL tensors, in order, into its group's buffer.
-absl::StatusOr<std::map<const v1::Tensor*, StepResolver::Received>> ReceiveNcclLogits(
-    const NcclTensorList& nccl, GroupStep& group) {
-  std::map<const v1::Tensor*, StepResolver::Received> received;
-  for (const auto& [tensor, field] : nccl) {
-    if (tensor->nccl().group_id() != group.group_id()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ".nccl.group_id: '", tensor->nccl().group_id(),
-                       "' is not the step's group '", group.group_id(), "'"));
-    }
-    auto layout = TensorLayoutOf(*tensor, field);
-    if (!layout.ok()) {
-      // The sender's send can never be matched by a receive of the right size.
-      group.FailGroup(
-          absl::StrCat("a step's NCCL logits were malformed: ", layout.status().message()));
-      return layout.status();
-    }
-    bool on_device = false;
-    auto data =
-        group.ReceiveLogits(layout->byte_extent, tensor->nccl().src_rank(), field, &on_device);
-    if (!data.ok()) return data.status();
-    received[tensor] = {*data, on_device};
-  }
-  return received;
-}
 
 }  // namespace
 
@@ -247,62 +165,22 @@ absl::Status SamplerService::RunStep(const v1::SampleRequest& request,
         "may only sample with inline logits (data or values; no buffer, CUDA IPC, NCCL, ready "
         "event or group_id)");
   }
-  // The step's group: the one it broadcasts to (group_id), else the one its NCCL logits come
-  // from. Its turn comes first: receives, compute and broadcast happen inside it.
-  const auto nccl = NcclTensors(request.logits());
-  const bool broadcasts = !request.group_id().empty();
-  const std::string group_id =
-      broadcasts ? request.group_id() : (nccl.empty() ? "" : nccl[0].first->nccl().group_id());
-  std::unique_ptr<GroupStep> group;
-  if (!group_id.empty()) {
-    auto turn = groups_.BeginStep(group_id, broadcasts ? "group_id" : nccl[0].second + ".nccl.group_id");
-    if (!turn.ok()) {
-      metrics_.CountError(turn.status().code());
-      spdlog::warn("step {} failed: {}", request.step_id(), turn.status().ToString());
-      return turn.status();
-    }
-    group = std::move(*turn);
+  // The step's group turn (server/group_turn.h): receives, compute and broadcast inside it.
+  auto turn = GroupTurn::Take(groups_, request);
+  if (!turn.ok()) {
+    metrics_.CountError(turn.status().code());
+    spdlog::warn("step {} failed: {}", request.step_id(), turn.status().ToString());
+    return turn.status();
   }
-  // NCCL logits first, before anything can refuse the step: the sender has posted its send,
-  // and the group's next receive must not find it.
-  absl::Status received = absl::OkStatus();
-  std::map<const v1::Tensor*, StepResolver::Received> received_logits;
-  if (group != nullptr) {
-    auto got = ReceiveNcclLogits(nccl, *group);
-    if (got.ok()) {
-      received_logits = std::move(*got);
-    } else {
-      received = got.status();
-    }
-  }
+  const absl::Status received = turn->Receive();
   const Clock::time_point received_at = Clock::now();
   StepStats stats;
   stats.prepared = stats.computed = stats.done = received_at;
-  StepResolver resolver(registry_, pool_scope, std::move(received_logits));
+  StepResolver resolver(registry_, pool_scope, *turn);
   absl::StatusOr<StepResult> result =
       received.ok() ? ComputeStep(request, pool_scope, resolver, &stats)
                     : absl::StatusOr<StepResult>(received);
-  Clock::duration group_time = received_at - start;  // the turn's wait and the receives
-  if (broadcasts) {
-    // Every step that held a READY group broadcasts exactly one packet, so followers stay in
-    // step with the driver: its results, or its error.
-    const int64_t max_tokens = group->max_step_tokens();
-    std::vector<int32_t> words;
-    if (result.ok()) {
-      auto packed = PackStepResult(*result, max_tokens);
-      if (packed.ok()) {
-        words = std::move(*packed);
-      } else {
-        result = packed.status();
-      }
-    }
-    if (!result.ok()) words = PackStepError(request.step_id(), result.status(), max_tokens);
-    const Clock::time_point broadcast_start = Clock::now();
-    absl::Status sent = group->Broadcast(words);
-    group_time += Clock::now() - broadcast_start;
-    if (!sent.ok() && result.ok()) result = sent;
-  }
-  group.reset();
+  turn->Finish(request.step_id(), result);
   if (!result.ok()) {
     metrics_.CountError(result.status().code());
     spdlog::warn("step {} failed: {}", request.step_id(), result.status().ToString());
@@ -319,7 +197,7 @@ absl::Status SamplerService::RunStep(const v1::SampleRequest& request,
   timing->set_compute_us(Micros(stats.done - stats.computed));
   timing->set_kernel_us(static_cast<int64_t>(stats.kernel_us));
   timing->set_total_us(Micros(end - start));
-  timing->set_group_us(group_id.empty() ? 0 : Micros(group_time));
+  timing->set_group_us(turn->in_group() ? Micros(turn->time()) : 0);
   for (const RequestResult& r : result->results) {
     if (!r.status.ok()) {
       metrics_.CountError(r.status.code());
