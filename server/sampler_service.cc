@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "sampler/extent.h"
 #include "sampler/group_packet.h"
+#include "sampler/status_macros.h"
 #include "server/group_turn.h"
 #include "server/grpc_status_util.h"
 #include "pipeline/proto_convert.h"
@@ -69,7 +70,8 @@ SamplerService::SamplerService(Backend& backend, BufferRegistry& registry, Group
       options_(options),
       seed_source_(std::move(seed_source)),
       server_id_(RandomServerId()),
-      leases_(options.registration_lease) {
+      leases_(options.registration_lease),
+      channels_(options.max_step_channels, options.max_channels_per_client) {
   if (options_.registration_lease > absl::ZeroDuration()) {
     // Expired owners are released within a quarter of the lease (at most 250 ms) of expiring.
     const absl::Duration period =
@@ -98,46 +100,18 @@ SamplerService::~SamplerService() {
   }
   if (reaper_.joinable()) reaper_.join();
   // Before any member goes: a channel's thread runs steps through this service.
-  absl::flat_hash_map<std::string, OwnedChannel> channels;
-  {
-    absl::MutexLock lock(&channels_mu_);
-    channels.swap(channels_);
-  }
-  channels.clear();
+  channels_.Clear();
 }
 
 void SamplerService::DropChannels(const std::string& owner, const char* why) {
-  std::vector<std::unique_ptr<StepChannel>> dropped;
-  {
-    absl::MutexLock lock(&channels_mu_);
-    for (auto it = channels_.begin(); it != channels_.end();) {
-      const bool drop = owner.empty() ? !it->second.channel->serving() : it->second.owner == owner;
-      if (drop) {
-        dropped.push_back(std::move(it->second.channel));
-        channels_.erase(it++);
-      } else {
-        ++it;
-      }
-    }
-    if (!dropped.empty()) metrics_.SetStepChannels(static_cast<int>(channels_.size()));
-  }
-  if (dropped.empty()) return;
+  const int dropped = owner.empty() ? channels_.DropClosed() : channels_.DropOwner(owner);
+  if (dropped == 0) return;
+  metrics_.SetStepChannels(channels_.Size());
   if (owner.empty()) {
-    spdlog::info("dropped {} closed step channels", dropped.size());
+    spdlog::info("dropped {} closed step channels", dropped);
   } else {
-    spdlog::info("closed {} step channels of {}: {}", dropped.size(), owner, why);
+    spdlog::info("closed {} step channels of {}: {}", dropped, owner, why);
   }
-}  // their threads are joined here, unlocked
-
-int SamplerService::OwnedChannelsLocked(const std::string& owner) const {
-  int owned = 0;
-  for (const auto& [id, entry] : channels_) owned += entry.owner == owner;
-  return owned;
-}
-
-int SamplerService::OwnedChannels(const std::string& owner) {
-  absl::MutexLock lock(&channels_mu_);
-  return OwnedChannelsLocked(owner);
 }
 
 void SamplerService::ReleaseOwner(const std::string& owner, const char* why) {
@@ -484,7 +458,7 @@ grpc::Status SamplerService::UnregisterBuffer(grpc::ServerContext* context,
   return Handle(*context, "UnregisterBuffer", true, [&](const std::string& owner) {
     const absl::Status status = registry_.Unregister(request->name(), owner);
     metrics_.SetRegisteredBuffers(registry_.Size(), registry_.BytesHeld());
-    if (status.ok() && registry_.CountOwnedBy(owner) == 0 && OwnedChannels(owner) == 0) {
+    if (status.ok() && registry_.CountOwnedBy(owner) == 0 && channels_.Owned(owner) == 0) {
       leases_.Forget(owner);  // owns nothing any more: no lease entry to keep
       metrics_.SetTrackedClients(leases_.Tracked());
     }
@@ -642,44 +616,19 @@ absl::Status SamplerService::OpenStepChannelFor(const std::string& owner,
   absl::StatusOr<ShmOpenOptions> shm = ShmOptionsFor(context, "shm_name");
   if (!shm.ok()) return shm.status();
   DropChannels("", nullptr);  // those their workers closed
-  {
-    // The limits are checked and the slot taken under one lock (issue 45: 160 concurrent opens
-    // got 65 channels of 64).
-    absl::MutexLock lock(&channels_mu_);
-    const int total = static_cast<int>(channels_.size()) + opening_total_;
-    if (total >= options_.max_step_channels) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat(total, " step channels are open, the server's limit"));
-    }
-    const int mine = OwnedChannelsLocked(owner) + (opening_.contains(owner) ? opening_[owner] : 0);
-    if (mine >= options_.max_channels_per_client) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("this client has ", mine, " step channels open, the limit of one "
-                       "client (--max_channels_per_client)"));
-    }
-    ++opening_[owner];
-    ++opening_total_;
-  }
+  RETURN_IF_ERROR(channels_.Reserve(owner));  // the limits, concurrent opens included
   auto channel = StepChannel::Open(
       request.shm_name(), request.capacity_bytes(), *shm,
       [this, owner](const v1::SampleRequest& step, v1::SampleResponse* answer) {
         AnswerStep(step, owner, /*privileged=*/true, answer);  // opening it was guarded
       });
-  std::string id;
-  {
-    absl::MutexLock lock(&channels_mu_);
-    if (--opening_[owner] <= 0) opening_.erase(owner);
-    --opening_total_;
-    if (channel.ok()) {
-      id = absl::StrCat("channel-", ++next_channel_);
-      channels_[id] = OwnedChannel{owner, *std::move(channel)};
-      metrics_.SetStepChannels(static_cast<int>(channels_.size()));
-    }
-  }
+  if (!channel.ok()) channels_.Cancel(owner);
   if (!channel.ok()) {
     spdlog::warn("OpenStepChannel '{}': {}", request.shm_name(), channel.status().ToString());
     return channel.status();
   }
+  const std::string id = channels_.Add(owner, *std::move(channel));
+  metrics_.SetStepChannels(channels_.Size());
   leases_.Track(owner, absl::Now());  // only once it owns the channel (issue 45)
   metrics_.SetTrackedClients(leases_.Tracked());
   spdlog::info("opened step channel {} on '{}' ({} bytes a direction) for {}", id,

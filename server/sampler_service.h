@@ -28,6 +28,7 @@
 #include "sampler/validate.h"
 #include "server/access_policy.h"
 #include "server/buffer_registry.h"
+#include "server/channel_table.h"
 #include "server/group_registry.h"
 #include "server/grpc_status_util.h"
 #include "server/metrics.h"
@@ -185,21 +186,9 @@ class SamplerService final : public v1::Sampler::Service {
   // them at once, the reaper thread those of owners whose lease ran out.
   void ReleaseOwner(const std::string& owner, const char* why);
   OwnerLeases leases_;
-  // Co-located workers' step channels (server/step_channel.h), by id, with their owners:
-  // released with the owner's registrations, dropped once their worker closed them.
-  struct OwnedChannel {
-    std::string owner;
-    std::unique_ptr<StepChannel> channel;
-  };
-  absl::Mutex channels_mu_;
-  absl::flat_hash_map<std::string, OwnedChannel> channels_ ABSL_GUARDED_BY(channels_mu_);
-  int64_t next_channel_ ABSL_GUARDED_BY(channels_mu_) = 0;
-  // Channels being opened (counted against the limits before StepChannel::Open, so that
-  // concurrent opens cannot exceed them), by owner.
-  absl::flat_hash_map<std::string, int> opening_ ABSL_GUARDED_BY(channels_mu_);
-  int opening_total_ ABSL_GUARDED_BY(channels_mu_) = 0;
-  int OwnedChannelsLocked(const std::string& owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(channels_mu_);
-  int OwnedChannels(const std::string& owner);
+  // Co-located workers' step channels (server/channel_table.h): released with the owner's
+  // registrations, dropped once their worker closed them.
+  ChannelTable channels_;
   // How a HOST_SHM object (a region or a step channel) is opened for this caller: as its uid
   // (ShmOpenOptions::opener); PERMISSION_DENIED naming `field` when samplerd cannot tell it.
   absl::StatusOr<ShmOpenOptions> ShmOptionsFor(const grpc::ServerContext& context,
