@@ -24,6 +24,7 @@ import grpc
 
 from ._proto import pb
 from .errors import SamplerError
+from .results import check_step
 from .shm import ShmRegion
 
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
@@ -121,14 +122,13 @@ class StepChannel:
     def receive(self):
         """The answer to the step send() sent: a StepResult (a BatchResult for packed
         results), or SamplerError for a step-level fault."""
-        from .client import _check_step  # the stream's, so both answer alike
         if not self._in_flight:
             raise SamplerError(grpc.StatusCode.FAILED_PRECONDITION, "no step was sent")
         self._wait()
         self._in_flight = False
         n = self._words[_RESPONSE_LEN]
         at = _HEADER + self._capacity
-        return _check_step(pb.SampleResponse.FromString(self._map[at:at + min(n, self._capacity)]))
+        return check_step(pb.SampleResponse.FromString(self._map[at:at + min(n, self._capacity)]))
 
     def _wait(self):
         words, seq = self._words, self._seq

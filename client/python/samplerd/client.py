@@ -30,7 +30,7 @@ from ._proto import SERVICE, pb
 from .channel import AsyncStepChannel, StepChannel
 from .cuda import CudaRegion
 from .errors import SamplerError, status_code
-from .results import BatchResult, StepResult
+from .results import StepResult, check_step
 from .shm import ShmRegion
 from .step import Request, build_batch, build_step
 
@@ -113,13 +113,6 @@ def _open_channel(module, target: str, max_message_bytes: int, tls: Optional[TLS
     return module.secure_channel(target, tls.credentials(), options + tls.options())
 
 
-def _check_step(msg):
-    """A StepResult, or a BatchResult for a step sent with packed_results."""
-    if msg.HasField("error") and msg.error.code != 0:
-        raise SamplerError(status_code(msg.error.code), msg.error.message)
-    return BatchResult(msg) if msg.HasField("packed") else StepResult(msg)
-
-
 def _shm_registration(region: ShmRegion, name: Optional[str]):
     return pb.RegisterBufferRequest(name=name or region.name, kind=pb.HOST_SHM,
                                     shm_name=region.name, byte_size=region.byte_size)
@@ -162,6 +155,9 @@ class _Base:
         self._registrations = {}
         self._server_id = None
         self._register_again = False
+        # Guards the three above against the keep-alive thread (SamplerClient); never held
+        # across a call.
+        self._state_lock = threading.Lock()
 
     def _should_wait(self, code) -> bool:
         """UNAVAILABLE is samplerd gone (or draining); CANCELLED, on a call this client waits
@@ -174,21 +170,24 @@ class _Base:
 
     def _note_alive(self, reply):
         """A KeepAlive answer: a different samplerd, or fewer regions, means it lost them."""
-        if self._registrations and (reply.server_id != self._server_id or
-                                    reply.buffers < len(self._registrations)):
-            self._register_again = True
+        with self._state_lock:
+            if self._registrations and (reply.server_id != self._server_id or
+                                        reply.buffers < len(self._registrations)):
+                self._register_again = True
 
     def _note_registered(self, request, region, server_id):
-        if self._registrations and server_id != self._server_id:
-            self._register_again = True  # samplerd restarted since the earlier ones
-        self._server_id = server_id
-        self._registrations[request.name] = (request, region)
+        with self._state_lock:
+            if self._registrations and server_id != self._server_id:
+                self._register_again = True  # samplerd restarted since the earlier ones
+            self._server_id = server_id
+            self._registrations[request.name] = (request, region)
 
     def _lost_registrations(self, listed):
         """The (request, region) pairs samplerd no longer holds for this client."""
         held = {b.name for b in listed.buffers if b.owner == "id:" + self.client_id}
-        return [(req, region) for name, (req, region) in self._registrations.items()
-                if name not in held]
+        with self._state_lock:
+            return [(req, region) for name, (req, region) in self._registrations.items()
+                    if name not in held]
 
     @staticmethod
     def _moved(request, region):
@@ -210,8 +209,14 @@ class _Base:
         """`request` (for `region`, or None) is registered with the samplerd that sent `reply`."""
         if region is not None:
             region.unlink()  # its fresh name too: the mappings keep the memory
-        self._registrations[request.name] = (request, region)
-        self._server_id = reply.server_id
+        with self._state_lock:
+            self._registrations[request.name] = (request, region)
+            self._server_id = reply.server_id
+
+    def _forget(self, name):
+        """An unregistered region: not registered again after a restart."""
+        with self._state_lock:
+            self._registrations.pop(name, None)
 
     def _refused(self, msg) -> bool:
         """A draining samplerd's refusal of a step, which goes to the next samplerd instead."""
@@ -239,6 +244,85 @@ class _Base:
             f"/{SERVICE}/SampleStream", request_serializer=lambda m: m.SerializeToString(),
             response_deserializer=pb.SampleResponse.FromString)
         self._health = channel.unary_unary("/grpc.health.v1.Health/Check")
+
+    # The client's logic, once for both front ends (issue 48): each flow is a generator that
+    # yields what it needs done, and SamplerClient._drive / AsyncSamplerClient._drive do it,
+    # blocking or awaiting, and send back the reply (or throw the SamplerError in):
+    #   ("call", rpc, request)          a unary rpc
+    #   ("keepalive", timeout, wait)    KeepAlive, waiting for the channel when `wait`
+    #   ("sleep", seconds)
+    #   ("register_again",)             _register_again_if_needed (under the front end's lock)
+    def _sample_flow(self, request):
+        yield ("register_again",)
+        try:
+            return check_step((yield ("call", "Sample", request)))
+        except SamplerError as e:
+            if not self._should_wait(e.code):
+                raise
+            if e.code == grpc.StatusCode.NOT_FOUND:
+                if not (yield from self._lost_flow()):
+                    raise
+                yield ("register_again",)
+            else:
+                yield from self._await_server_flow()
+        return check_step((yield ("call", "Sample", request)))
+
+    def _await_server_flow(self):
+        """Waits up to reconnect_timeout for samplerd to answer, then registers again what it
+        lost (raises SamplerError UNAVAILABLE naming reconnect_timeout if it does not come)."""
+        deadline = time.monotonic() + self._reconnect_timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                reply = yield ("keepalive", max(left, 0.001), True)
+                break
+            except SamplerError as e:
+                # A samplerd still draining answers UNAVAILABLE itself, and a shutting-down
+                # gRPC server cancels calls it had not started: wait for the next one.
+                if (e.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+                        or left < 0.05):
+                    raise self._gone(e.message) from None
+                yield ("sleep", 0.05)
+        self._note_alive(reply)
+        yield ("register_again",)
+
+    def _lost_flow(self):
+        """Whether samplerd lost this client's registrations (asked by a KeepAlive)."""
+        try:
+            reply = yield ("keepalive", self._timeout, False)
+        except SamplerError:
+            return False
+        self._note_alive(reply)
+        return self._register_again
+
+    def _register_again_flow(self):
+        """Registers again what samplerd no longer holds (run under the registrations lock)."""
+        if not self._register_again:
+            return  # another thread or task did it
+        listed = yield ("call", "ListBuffers", pb.ListBuffersRequest())
+        for request, region in self._lost_registrations(listed):
+            request = self._moved(request, region)
+            try:
+                reply = yield ("call", "RegisterBuffer", request)
+            except SamplerError as e:
+                raise self._again_failed(request, e) from None
+            self._registered_again(request, region, reply)
+        self._register_again = False
+
+    def _register_flow(self, request, region):
+        yield ("register_again",)
+        deadline = time.monotonic() + self._reconnect_timeout
+        while True:
+            try:
+                reply = yield ("call", "RegisterBuffer", request)
+                break
+            except SamplerError as e:
+                wait = _name_wait(e, deadline)
+                if wait is None:
+                    raise
+                yield ("sleep", wait)
+        self._note_registered(request, region, reply.server_id)
+        self._start_keepalive()
 
     def build(self, logits, requests: Sequence[Request], step_id: Optional[int] = None, **kw):
         """A SampleRequest (step ids count from 1 when not given)."""
@@ -281,82 +365,54 @@ class SamplerClient(_Base):
         return self.sample_request(self.build(logits, requests, **kw))
 
     def sample_request(self, request) -> StepResult:
-        self._register_again_if_needed()
-        try:
-            return _check_step(self._call("Sample", request))
-        except SamplerError as e:
-            if not self._should_wait(e.code):
+        return self._drive(self._sample_flow(request))
+
+    def _drive(self, flow):
+        """Runs one of _Base's flows, blocking."""
+        reply, error = None, None
+        while True:
+            try:
+                op = flow.throw(error) if error is not None else flow.send(reply)
+            except StopIteration as done:
+                return done.value
+            except BaseException:
+                # The exception's traceback holds this frame: without the locals, no cycle
+                # keeps the caller's frames (and their numpy views) alive until the gc runs.
+                error = reply = flow = None
                 raise
-            if e.code == grpc.StatusCode.NOT_FOUND:
-                if not self._registrations_lost():
-                    raise
+            reply, error = None, None
+            kind = op[0]
+            if kind == "call":
+                try:
+                    reply = self._call(op[1], op[2])
+                except SamplerError as e:
+                    error = e
+            elif kind == "keepalive":
+                try:
+                    reply = self._rpcs["KeepAlive"](pb.KeepAliveRequest(), timeout=op[1],
+                                                    metadata=self._metadata, wait_for_ready=op[2])
+                except grpc.RpcError as e:
+                    error = SamplerError.from_rpc_error(e)
+                    e.__traceback__ = None
+            elif kind == "sleep":
+                time.sleep(op[1])
+            elif kind == "register_again":
                 self._register_again_if_needed()
-            else:
-                self._await_server()
-        return _check_step(self._call("Sample", request))
 
     def _await_server(self):
-        """Waits up to reconnect_timeout for samplerd to answer, then registers again what it
-        lost (raises SamplerError UNAVAILABLE naming reconnect_timeout if it does not come)."""
-        deadline = time.monotonic() + self._reconnect_timeout
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                reply = self._rpcs["KeepAlive"](pb.KeepAliveRequest(), timeout=max(left, 0.001),
-                                                metadata=self._metadata, wait_for_ready=True)
-                break
-            except grpc.RpcError as e:
-                # A samplerd still draining answers UNAVAILABLE itself, and a shutting-down
-                # gRPC server cancels calls it had not started: wait for the next one.
-                if (e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
-                        or left < 0.05):
-                    raise self._gone(e.details()) from None
-                time.sleep(0.05)
-        with self._registrations_lock:
-            self._note_alive(reply)
-        self._register_again_if_needed()
+        self._drive(self._await_server_flow())
 
     def _registrations_lost(self) -> bool:
-        try:
-            reply = self._rpcs["KeepAlive"](pb.KeepAliveRequest(), timeout=self._timeout,
-                                            metadata=self._metadata)
-        except grpc.RpcError:
-            return False
-        with self._registrations_lock:
-            self._note_alive(reply)
-            return self._register_again
+        return self._drive(self._lost_flow())
 
     def _register_again_if_needed(self):
         if not self._register_again:
             return
         with self._registrations_lock:
-            if not self._register_again:
-                return  # another thread did it
-            listed = self._call("ListBuffers", pb.ListBuffersRequest())
-            for request, region in self._lost_registrations(listed):
-                request = self._moved(request, region)
-                try:
-                    reply = self._call("RegisterBuffer", request)
-                except SamplerError as e:
-                    raise self._again_failed(request, e) from None
-                self._registered_again(request, region, reply)
-            self._register_again = False
+            self._drive(self._register_again_flow())
 
     def _register(self, request, region):
-        self._register_again_if_needed()
-        deadline = time.monotonic() + self._reconnect_timeout
-        while True:
-            try:
-                reply = self._call("RegisterBuffer", request)
-                break
-            except SamplerError as e:
-                wait = _name_wait(e, deadline)
-                if wait is None:
-                    raise
-                time.sleep(wait)
-        with self._registrations_lock:
-            self._note_registered(request, region, reply.server_id)
-        self._start_keepalive()
+        self._drive(self._register_flow(request, region))
 
     def stream(self) -> "StepStream":
         """A SampleStream step loop (cheaper per step than unary calls)."""
@@ -410,8 +466,7 @@ class SamplerClient(_Base):
                     # A restarted samplerd: the next call registers again (on the caller's
                     # thread: relinking an shm region copies it, which must not race the
                     # worker's writes).
-                    with self._registrations_lock:
-                        self._note_alive(reply)
+                    self._note_alive(reply)
                     lease_ms = reply.lease_ms
                     period = max(0.05, lease_ms / 3000.0) if lease_ms > 0 else 10.0
                 except grpc.RpcError:
@@ -423,8 +478,7 @@ class SamplerClient(_Base):
 
     def unregister(self, name: str):
         self._call("UnregisterBuffer", pb.UnregisterBufferRequest(name=name))
-        with self._registrations_lock:
-            self._registrations.pop(name, None)
+        self._forget(name)
 
     def list_buffers(self) -> List[object]:
         return list(self._call("ListBuffers", pb.ListBuffersRequest()).buffers)
@@ -531,7 +585,7 @@ class StepStream:
                 else:
                     if self._unanswered:
                         self._unanswered.popleft()
-                    return _check_step(msg)
+                    return check_step(msg)
             if resumed == 2 or not self._client._should_wait(error.code):
                 raise error
             self._resume()
@@ -582,76 +636,54 @@ class AsyncSamplerClient(_Base):
         return await self.sample_request(self.build(logits, requests, **kw))
 
     async def sample_request(self, request) -> StepResult:
-        await self._register_again_if_needed()
-        try:
-            return _check_step(await self._call("Sample", request))
-        except SamplerError as e:
-            if not self._should_wait(e.code):
+        return await self._drive(self._sample_flow(request))
+
+    async def _drive(self, flow):
+        """Runs one of _Base's flows on the event loop (SamplerClient._drive, awaiting)."""
+        reply, error = None, None
+        while True:
+            try:
+                op = flow.throw(error) if error is not None else flow.send(reply)
+            except StopIteration as done:
+                return done.value
+            except BaseException:
+                # The exception's traceback holds this frame: without the locals, no cycle
+                # keeps the caller's frames (and their numpy views) alive until the gc runs.
+                error = reply = flow = None
                 raise
-            if e.code == grpc.StatusCode.NOT_FOUND:
-                if not await self._registrations_lost():
-                    raise
+            reply, error = None, None
+            kind = op[0]
+            if kind == "call":
+                try:
+                    reply = await self._call(op[1], op[2])
+                except SamplerError as e:
+                    error = e
+            elif kind == "keepalive":
+                try:
+                    reply = await self._rpcs["KeepAlive"](
+                        pb.KeepAliveRequest(), timeout=op[1], metadata=self._metadata,
+                        wait_for_ready=op[2])
+                except grpc.RpcError as e:
+                    error = SamplerError.from_rpc_error(e)
+            elif kind == "sleep":
+                await asyncio.sleep(op[1])
+            elif kind == "register_again":
                 await self._register_again_if_needed()
-            else:
-                await self._await_server()
-        return _check_step(await self._call("Sample", request))
 
     async def _await_server(self):
-        """As SamplerClient._await_server."""
-        deadline = time.monotonic() + self._reconnect_timeout
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                reply = await self._rpcs["KeepAlive"](
-                    pb.KeepAliveRequest(), timeout=max(left, 0.001), metadata=self._metadata,
-                    wait_for_ready=True)
-                break
-            except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE or left < 0.05:
-                    raise self._gone(e.details()) from None
-                await asyncio.sleep(0.05)
-        self._note_alive(reply)
-        await self._register_again_if_needed()
+        await self._drive(self._await_server_flow())
 
     async def _registrations_lost(self) -> bool:
-        try:
-            reply = await self._rpcs["KeepAlive"](pb.KeepAliveRequest(), timeout=self._timeout,
-                                                  metadata=self._metadata)
-        except grpc.RpcError:
-            return False
-        self._note_alive(reply)
-        return self._register_again
+        return await self._drive(self._lost_flow())
 
     async def _register_again_if_needed(self):
         if not self._register_again:
             return
         async with self._registrations_lock:
-            if not self._register_again:
-                return
-            listed = await self._call("ListBuffers", pb.ListBuffersRequest())
-            for request, region in self._lost_registrations(listed):
-                request = self._moved(request, region)
-                try:
-                    reply = await self._call("RegisterBuffer", request)
-                except SamplerError as e:
-                    raise self._again_failed(request, e) from None
-                self._registered_again(request, region, reply)
-            self._register_again = False
+            await self._drive(self._register_again_flow())
 
     async def _register(self, request, region):
-        await self._register_again_if_needed()
-        deadline = time.monotonic() + self._reconnect_timeout
-        while True:
-            try:
-                reply = await self._call("RegisterBuffer", request)
-                break
-            except SamplerError as e:
-                wait = _name_wait(e, deadline)
-                if wait is None:
-                    raise
-                await asyncio.sleep(wait)
-        self._note_registered(request, region, reply.server_id)
-        self._start_keepalive()
+        await self._drive(self._register_flow(request, region))
 
     def stream(self) -> "AsyncStepStream":
         return AsyncStepStream(self)
@@ -699,7 +731,7 @@ class AsyncSamplerClient(_Base):
 
     async def unregister(self, name: str):
         await self._call("UnregisterBuffer", pb.UnregisterBufferRequest(name=name))
-        self._registrations.pop(name, None)
+        self._forget(name)
 
     async def list_buffers(self) -> List[object]:
         return list((await self._call("ListBuffers", pb.ListBuffersRequest())).buffers)
@@ -803,7 +835,7 @@ class AsyncStepStream:
                 else:
                     if self._unanswered:
                         self._unanswered.popleft()
-                    return _check_step(msg)
+                    return check_step(msg)
             if resumed == 2 or not self._client._should_wait(error.code):
                 raise error
             await self._resume()

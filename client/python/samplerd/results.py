@@ -4,7 +4,7 @@ from typing import Dict, List, Optional
 import grpc
 import numpy as np
 
-from .errors import RequestError, status_code
+from .errors import RequestError, SamplerError, status_code
 
 
 def _vector(values, dtype) -> np.ndarray:
@@ -180,3 +180,11 @@ class BatchResult:
             name = self.request_ids[i] if self.request_ids else str(i)
             raise RequestError(name, status_code(int(self.codes[i])), self.errors[0])
         return self
+
+
+def check_step(msg):
+    """A step's answer (stream, channel or unary): SamplerError for a step-level fault, else a
+    StepResult, or a BatchResult for a step sent with packed_results."""
+    if msg.HasField("error") and msg.error.code != 0:
+        raise SamplerError(status_code(msg.error.code), msg.error.message)
+    return BatchResult(msg) if msg.HasField("packed") else StepResult(msg)
