@@ -23,9 +23,10 @@
 #include "sampler/cpu_backend.h"
 #include "sampler/reference_sampler.h"
 #include "sampler/spec_rules.h"
-#include "bench/bench_params.h"
-#include "sampler/token_updates.h"
 #include "sampler/test_util.h"
+#include "sampler/token_updates.h"
+#include "sampler/validate.h"
+#include "bench/bench_params.h"
 
 namespace samplerd {
 namespace {

@@ -25,6 +25,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
 #include "cuda/stage_timer.h"
+#include "sampler/validate.h"
 #include "sampler/dtype.h"
 #include "bench/bench_params.h"
 #include "sampler/test_util.h"

@@ -18,6 +18,7 @@
 
 #include "cuda/cuda_status.h"
 #include "cuda/launch_probe.h"
+#include "sampler/validate.h"
 #include "sampler/backend_compare.h"
 #include "sampler/cpu_backend.h"
 #include "sampler/draft_rule_cases.h"

@@ -13,7 +13,7 @@
 #include "cuda/sampling_launch.h"
 #include "sampler/draft_pool.h"
 #include "sampler/step_assembly.h"
-#include "sampler/validate.h"
+#include "sampler/plan.h"
 
 namespace samplerd {
 namespace cuda {

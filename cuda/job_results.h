@@ -10,7 +10,7 @@
 #include "cuda/job_builder.h"
 #include "cuda/sampling_launch.h"
 #include "sampler/step_assembly.h"
-#include "sampler/validate.h"
+#include "sampler/plan.h"
 
 namespace samplerd {
 namespace cuda {

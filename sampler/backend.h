@@ -11,8 +11,8 @@
 
 #include "absl/status/statusor.h"
 #include "sampler/draft_pool.h"
+#include "sampler/plan.h"
 #include "sampler/types.h"
-#include "sampler/validate.h"
 
 namespace samplerd {
 

@@ -9,9 +9,10 @@
 #include <random>
 
 #include "sampler/reference_sampler.h"
-#include "sampler/spec_rules.h"
 #include "sampler/row_processor.h"
+#include "sampler/spec_rules.h"
 #include "sampler/test_util.h"
+#include "sampler/validate.h"
 
 namespace samplerd {
 namespace {

@@ -11,6 +11,7 @@
 #include "sampler/reference_sampler.h"
 #include "sampler/spec_rules.h"
 #include "sampler/test_util.h"
+#include "sampler/validate.h"
 
 namespace samplerd {
 namespace {

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "sampler/validate.h"
+#include "sampler/plan.h"
 
 namespace samplerd {
 

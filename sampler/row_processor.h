@@ -26,7 +26,7 @@
 #include "absl/types/span.h"
 #include "sampler/token_updates.h"
 #include "sampler/types.h"
-#include "sampler/validate.h"
+#include "sampler/plan.h"
 
 namespace samplerd {
 

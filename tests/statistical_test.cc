@@ -15,6 +15,7 @@
 #include "sampler/cpu_backend.h"
 #include "sampler/reference_sampler.h"
 #include "sampler/test_util.h"
+#include "sampler/validate.h"
 #include "tests/stats.h"
 
 namespace samplerd {
