@@ -5,6 +5,7 @@ which bugs no test caught. Run by hand (each mutant rebuilds; not part of CI):
     python3 scripts/mutate.py                 # every CPU mutant
     python3 scripts/mutate.py residual-from-p half-exponent-bias   # some, by id
     python3 scripts/mutate.py --list
+    python3 scripts/mutate.py --check         # every mutant's text is still there (CI runs it)
 
 A mutant is a literal edit of one file (`old` must occur; `nth` picks among several
 occurrences) and the Bazel tests that should catch it (a test target list keeps each run
@@ -137,8 +138,8 @@ MUTANTS = [
 # on the GPU machine and prints which survived. id, file, old, new, nth.
 GPU_MUTANTS = [
     ("gpu-replacement-seed-domain", "cuda/kernels/finish.cuh",
-     "const double u_r = UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kReplacement));",
-     "const double u_r = UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kFresh));", 0),
+     "return replace(UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kReplacement)));",
+     "return replace(UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kFresh)));", 0),
     ("gpu-residual-is-p", "cuda/kernels/general.cuh",
      "r = static_cast<double>(expf(s - M)) / Zk - exp(static_cast<double>(job.q_dense[c]));",
      "r = static_cast<double>(expf(s - M)) / Zk;", 0),
@@ -203,6 +204,15 @@ def main(argv):
         for m in GPU_MUTANTS:
             print(f"{m[0]:28} {m[1]} (GPU)")
         return 0
+    if "--check" in argv:
+        # A refactor that moves a mutant's text makes it stale silently until someone runs the
+        # mutants; CI checks the texts instead (no builds).
+        stale = [m[0] for m in MUTANTS + GPU_MUTANTS if m[2] not in (ROOT / m[1]).read_text()]
+        for mid in stale:
+            print(f"STALE    {mid}: its text is no longer in its file")
+        print(f"mutants: {len(MUTANTS) + len(GPU_MUTANTS) - len(stale)} of "
+              f"{len(MUTANTS) + len(GPU_MUTANTS)} still apply")
+        return len(stale)
     if "--gpu-pack" in argv:
         return gpu_pack([a for a in argv if a != "--gpu-pack"])
     chosen = [m for m in MUTANTS if not argv or m[0] in argv]

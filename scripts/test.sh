@@ -113,6 +113,8 @@ if [[ ${SAMPLERD_SKIP_PYTHON:-} != 1 ]]; then
     client/python/tests || rc=1
   py_suite deploy/tests/requirements.txt "" deploy/tests || rc=1
 fi
+echo "=== the mutation script's mutants still apply (scripts/mutate.py --check)"
+if python3 scripts/mutate.py --check; then passed=$((passed + 1)); else failed=$((failed + 1)); rc=1; fi
 if [[ ${SAMPLERD_SKIP_ASAN:-} != 1 ]]; then
   echo "=== the same tests under AddressSanitizer + UndefinedBehaviorSanitizer (--config=asan)"
   run_suite --config=asan || rc=1
