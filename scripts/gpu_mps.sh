@@ -10,7 +10,7 @@
 # their kernels run (samplerd must exit 3 and every replacement get a context and sample), and
 # the same client tests again (test_cuda_output.py too: tokens written into the worker's memory,
 # the asynchronous loop). Exits non-zero if any of it failed.
-#   bash scripts/gpu_mps.sh bench [STEPS]
+#   bash scripts/gpu_mps.sh bench [STEPS]   (default 100)
 # runs bench/decode_loop_bench.py and bench/hf_example_gpu.py without and with MPS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,13 +32,14 @@ fi
 if [[ ${1:-} == bench ]]; then
   # The decode loop and the transformers example, without MPS then with a private daemon each.
   status=0
+  # Four runs within one device call's 600 s.
   for mps in "" --mps; do
-    timeout 280 python3 bench/decode_loop_bench.py --samplerd=$pack/bin/samplerd \
-      --samplerctl=$pack/bin/samplerctl --steps="${2:-200}" $mps || status=1
+    timeout 140 python3 bench/decode_loop_bench.py --samplerd=$pack/bin/samplerd \
+      --samplerctl=$pack/bin/samplerctl --steps="${2:-100}" $mps || status=1
   done
   for mps in "" --mps; do
-    timeout 280 python3 bench/hf_example_gpu.py --samplerd=$pack/bin/samplerd --repeats=2 $mps \
-      || status=1
+    timeout 140 python3 bench/hf_example_gpu.py --samplerd=$pack/bin/samplerd --repeats=2 \
+      --new_tokens=64 $mps || status=1
   done
   exit $status
 fi
