@@ -139,6 +139,23 @@ def _name_wait(error: SamplerError, deadline: float) -> Optional[float]:
 _SHUTTING_DOWN = "samplerd is shutting down"  # a draining samplerd's refusal of a step
 
 
+def _advance(flow, pending):
+    """One move of a _Base flow: sends it pending = [reply, error] (and empties the list),
+    returns (True, its result) once it returned, else (False, its next op); an exception it
+    raises propagates. What both front ends' _drive share."""
+    reply, error = pending
+    pending[0] = pending[1] = None
+    try:
+        return False, (flow.throw(error) if error is not None else flow.send(reply))
+    except StopIteration as done:
+        return True, done.value
+    except BaseException:
+        # The exception's traceback holds this frame: without the locals, no cycle keeps the
+        # caller's frames (and their numpy views) alive until the gc runs.
+        error = reply = flow = None
+        raise
+
+
 class _Base:
     def __init__(self, client_id: Optional[str], timeout: Optional[float],
                  reconnect_timeout: float):
@@ -369,30 +386,24 @@ class SamplerClient(_Base):
 
     def _drive(self, flow):
         """Runs one of _Base's flows, blocking."""
-        reply, error = None, None
+        pending = [None, None]  # the reply or the SamplerError the flow gets next
         while True:
-            try:
-                op = flow.throw(error) if error is not None else flow.send(reply)
-            except StopIteration as done:
-                return done.value
-            except BaseException:
-                # The exception's traceback holds this frame: without the locals, no cycle
-                # keeps the caller's frames (and their numpy views) alive until the gc runs.
-                error = reply = flow = None
-                raise
-            reply, error = None, None
+            done, op = _advance(flow, pending)
+            if done:
+                return op
             kind = op[0]
             if kind == "call":
                 try:
-                    reply = self._call(op[1], op[2])
+                    pending[0] = self._call(op[1], op[2])
                 except SamplerError as e:
-                    error = e
+                    pending[1] = e
             elif kind == "keepalive":
                 try:
-                    reply = self._rpcs["KeepAlive"](pb.KeepAliveRequest(), timeout=op[1],
-                                                    metadata=self._metadata, wait_for_ready=op[2])
+                    pending[0] = self._rpcs["KeepAlive"](
+                        pb.KeepAliveRequest(), timeout=op[1], metadata=self._metadata,
+                        wait_for_ready=op[2])
                 except grpc.RpcError as e:
-                    error = SamplerError.from_rpc_error(e)
+                    pending[1] = SamplerError.from_rpc_error(e)
                     e.__traceback__ = None
             elif kind == "sleep":
                 time.sleep(op[1])
@@ -640,31 +651,25 @@ class AsyncSamplerClient(_Base):
 
     async def _drive(self, flow):
         """Runs one of _Base's flows on the event loop (SamplerClient._drive, awaiting)."""
-        reply, error = None, None
+        pending = [None, None]  # the reply or the SamplerError the flow gets next
         while True:
-            try:
-                op = flow.throw(error) if error is not None else flow.send(reply)
-            except StopIteration as done:
-                return done.value
-            except BaseException:
-                # The exception's traceback holds this frame: without the locals, no cycle
-                # keeps the caller's frames (and their numpy views) alive until the gc runs.
-                error = reply = flow = None
-                raise
-            reply, error = None, None
+            done, op = _advance(flow, pending)
+            if done:
+                return op
             kind = op[0]
             if kind == "call":
                 try:
-                    reply = await self._call(op[1], op[2])
+                    pending[0] = await self._call(op[1], op[2])
                 except SamplerError as e:
-                    error = e
+                    pending[1] = e
             elif kind == "keepalive":
                 try:
-                    reply = await self._rpcs["KeepAlive"](
+                    pending[0] = await self._rpcs["KeepAlive"](
                         pb.KeepAliveRequest(), timeout=op[1], metadata=self._metadata,
                         wait_for_ready=op[2])
                 except grpc.RpcError as e:
-                    error = SamplerError.from_rpc_error(e)
+                    pending[1] = SamplerError.from_rpc_error(e)
+                    e.__traceback__ = None
             elif kind == "sleep":
                 await asyncio.sleep(op[1])
             elif kind == "register_again":

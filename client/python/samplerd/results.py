@@ -13,6 +13,16 @@ def _vector(values, dtype) -> np.ndarray:
     return np.fromiter(values, dtype, len(values))
 
 
+def _take_timing(result, msg):
+    """The step's times (StepTiming) and the message itself, onto a StepResult or BatchResult.
+    Parts of the step: conversion and planning before the backend (prepare_us), the device
+    time of its kernels (kernel_us, 0 on the CPU backend); compute_us - kernel_us is host work."""
+    t = msg.timing
+    result.queue_us, result.compute_us, result.total_us = t.queue_us, t.compute_us, t.total_us
+    result.prepare_us, result.kernel_us = t.prepare_us, t.kernel_us
+    result.proto = msg
+
+
 class RequestResult:
     """One request's result. Reading a field of a failed request raises its RequestError
     (check `ok` or `error` first to handle it without an exception).
@@ -90,14 +100,7 @@ class StepResult:
     def __init__(self, msg):
         self.step_id: int = msg.step_id
         self.results: List[RequestResult] = [RequestResult(r) for r in msg.results]
-        self.queue_us: int = msg.timing.queue_us
-        self.compute_us: int = msg.timing.compute_us
-        self.total_us: int = msg.timing.total_us
-        # Parts of the step: conversion and planning before the backend, and the device time
-        # of its kernels (0 on the CPU backend); compute_us - kernel_us is host work.
-        self.prepare_us: int = msg.timing.prepare_us
-        self.kernel_us: int = msg.timing.kernel_us
-        self.proto = msg
+        _take_timing(self, msg)
         self._by_id: Dict[str, RequestResult] = {r.request_id: r for r in self.results}
 
     def __len__(self):
@@ -152,12 +155,7 @@ class BatchResult:
         self.prompt_logprobs = np.frombuffer(p.prompt_logprobs, "<f4")
         self.seq_seeds = np.frombuffer(p.seq_seeds, "<u8")
         self.request_ids: List[str] = list(p.request_ids)
-        self.queue_us: int = msg.timing.queue_us
-        self.compute_us: int = msg.timing.compute_us
-        self.total_us: int = msg.timing.total_us
-        self.prepare_us: int = msg.timing.prepare_us
-        self.kernel_us: int = msg.timing.kernel_us
-        self.proto = msg
+        _take_timing(self, msg)
 
     def __len__(self):
         return len(self.codes)
