@@ -88,6 +88,41 @@ double MedianKernelUs(CudaBackend& gpu, const Step& step) {
   return us[us.size() / 2];
 }
 
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Sample() `steps` times after 5 unmeasured: the median kernel time, and the median wall time
+// (planning excluded; Sample's host work, uploads and kernels) in *wall_us. `before(i)`, when
+// given, runs first in step i's wall time. Exits if a request fails.
+double MedianSample(CudaBackend& gpu, const Step& step, int steps,
+                    const std::function<void(int)>& before, double* wall_us) {
+  auto plan = PlanStep(step, Limits{}, [] { return uint64_t{1}; });
+  if (!plan.ok()) std::exit(1);
+  std::vector<double> kernel, wall;
+  for (int i = 0; i < steps + 5; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    if (before) before(i);
+    auto result = gpu.Sample(*plan);
+    const double us = std::chrono::duration<double, std::micro>(
+                          std::chrono::steady_clock::now() - start).count();
+    if (!result.ok()) std::exit(1);
+    for (const RequestResult& r : result->results) {
+      if (!r.status.ok()) {
+        std::fprintf(stderr, "%s\n", r.status.ToString().c_str());
+        std::exit(1);
+      }
+    }
+    if (i >= 5) {
+      kernel.push_back(result->kernel_us);
+      wall.push_back(us);
+    }
+  }
+  *wall_us = Median(wall);
+  return Median(kernel);
+}
+
 // FlashInfer's figures from bench/flashinfer_baseline (lines "path dtype R us"), run on the
 // same GPU in the same call: the fastest path per (dtype, R).
 struct FlashInferBest {
@@ -254,30 +289,9 @@ int Main(int argc, char** argv) {
     }
     Step dry = plain;
     for (RequestInputs& r : dry.requests) AddBenchDry(r.params);
-    auto med = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
-    };
-    // Sample() `steps` times after 5 unmeasured: the median kernel time, and the median wall
-    // time in *wall_us. `before(i)`, when given, runs first in step i's wall time.
     auto median_of = [&](const Step& step, int steps, const std::function<void(int)>& before,
                          double* wall_us) {
-      auto plan = PlanStep(step, Limits{}, [] { return uint64_t{1}; });
-      std::vector<double> kernel, wall;
-      for (int i = 0; i < steps + 5; ++i) {
-        const auto start = std::chrono::steady_clock::now();
-        if (before) before(i);
-        auto result = (*gpu)->Sample(*plan);
-        const double us = std::chrono::duration<double, std::micro>(
-                              std::chrono::steady_clock::now() - start).count();
-        if (!result.ok() || !result->results[0].status.ok()) std::exit(1);
-        if (i >= 5) {
-          kernel.push_back(result->kernel_us);
-          wall.push_back(us);
-        }
-      }
-      *wall_us = med(wall);
-      return med(kernel);
+      return MedianSample(**gpu, step, steps, before, wall_us);
     };
     // As a GPU worker sends a step (examples/hf_generate.py): right after queueing its forward
     // pass, with a ready event that samplerd's stream waits on; the host work of Sample()
@@ -315,13 +329,74 @@ int Main(int argc, char** argv) {
                 "  Sample() wall, logits ready: %.1f vs %.1f us (%+.1f%%)\n"
                 "  forward (1 GiB memset) then step on its ready event: %.1f vs %.1f us "
                 "(%+.1f%%)\n",
-                kBenchDryContext, med(dk), med(pk), 100.0 * (med(dk) / med(pk) - 1.0), med(dw),
-                med(pw), 100.0 * (med(dw) / med(pw) - 1.0), med(df), med(pf),
-                100.0 * (med(df) / med(pf) - 1.0));
+                kBenchDryContext, Median(dk), Median(pk), 100.0 * (Median(dk) / Median(pk) - 1.0),
+                Median(dw), Median(pw), 100.0 * (Median(dw) / Median(pw) - 1.0), Median(df),
+                Median(pf), 100.0 * (Median(df) / Median(pf) - 1.0));
     cudaEventDestroy(ready);
     cudaStreamDestroy(producer);
     cudaFree(forward_buffer);
     cudaFree(device);
+  }
+  // Device drafts (issue 47): DECODE steps of q = 6 rows a request (R = 6, 96, 384), fp32
+  // logits on the device, dense fp32 drafts of q - 1 rows a request sent from the host (built
+  // into q rows and uploaded by Sample) against the same tensor in device memory (read in
+  // place after a check of every entry on the device). Kernels and Sample()'s wall time,
+  // medians of 50 steps, alternating over 5 rounds, medians of the rounds.
+  if (only.empty() || only == "drafts") {
+    constexpr int q = 6;
+    std::printf("\ndevice drafts (DECODE, q = %d, dense fp32; host drafts vs device drafts, "
+                "medians of 5 rounds of 50):\n", q);
+    for (const int requests : {1, 16, 64}) {
+      const int R = requests * q;
+      HostLogits logits(R, kVocab, 11, 2.0f);
+      HostLogits drafts(requests * (q - 1), kVocab, 12, 2.0f);
+      for (float& v : drafts.values) v = -11.77f;  // ~uniform over V
+      void* device_logits;
+      void* device_drafts;
+      const size_t logit_bytes = logits.values.size() * sizeof(float);
+      const size_t draft_bytes = drafts.values.size() * sizeof(float);
+      SAMPLERD_CUDA_CHECK(cudaMalloc(&device_logits, logit_bytes));
+      SAMPLERD_CUDA_CHECK(cudaMalloc(&device_drafts, draft_bytes));
+      SAMPLERD_CUDA_CHECK(
+          cudaMemcpy(device_logits, logits.values.data(), logit_bytes, cudaMemcpyHostToDevice));
+      SAMPLERD_CUDA_CHECK(
+          cudaMemcpy(device_drafts, drafts.values.data(), draft_bytes, cudaMemcpyHostToDevice));
+      Step host = MakeStep(StepKind::kDecode, logits, kVocab);
+      host.logits.data = device_logits;
+      host.logits.on_device = true;
+      for (int i = 0; i < requests; ++i) {
+        RequestInputs r;
+        r.request_id = "r" + std::to_string(i);
+        r.first_row = i * q;
+        r.num_rows = q;
+        r.sample_position = 100;
+        r.params = BenchParams(i);
+        for (int j = 0; j < q - 1; ++j) r.draft_token_ids.push_back((i * 7919 + j * 104729) % kVocab);
+        r.drafts.form = DraftDistributions::Form::kDense;
+        r.drafts.values = drafts.RowsView(i * (q - 1), q - 1);
+        host.requests.push_back(r);
+      }
+      Step device = host;
+      for (RequestInputs& r : device.requests) {
+        r.drafts.values.data = static_cast<const char*>(device_drafts) +
+                               (static_cast<const char*>(r.drafts.values.data) -
+                                reinterpret_cast<const char*>(drafts.values.data()));
+        r.drafts.values.on_device = true;
+      }
+      std::vector<double> hk, dk, hw, dw;
+      for (int round = 0; round < 5; ++round) {
+        double w;
+        hk.push_back(MedianSample(**gpu, host, 50, nullptr, &w));
+        hw.push_back(w);
+        dk.push_back(MedianSample(**gpu, device, 50, nullptr, &w));
+        dw.push_back(w);
+      }
+      std::printf("  R=%-4d kernels %8.1f vs %8.1f us (%+.1f%%); Sample() wall %8.1f vs %8.1f us "
+                  "(%+.1f%%)\n", R, Median(hk), Median(dk), 100.0 * (Median(dk) / Median(hk) - 1.0),
+                  Median(hw), Median(dw), 100.0 * (Median(dw) / Median(hw) - 1.0));
+      cudaFree(device_logits);
+      cudaFree(device_drafts);
+    }
   }
   // Token adjustments against the same step without them, in this run.
   for (const Row& r : rows_out) {

@@ -184,6 +184,17 @@ absl::Status CudaBackend::Impl::RunOnLane(cuda::Lane& lane, const Step& step,
     SAMPLERD_CUDA_RETURN(cudaStreamWaitEvent(
         lane.stream, static_cast<cudaEvent_t>(const_cast<void*>(step.logits.ready_event)), 0));
   }
+  // A worker's draft tensors in device memory (issue 47): our stream waits for each one's
+  // producer too (one event may serve several requests; a second wait on it costs nothing).
+  for (const RequestInputs& request : step.requests) {
+    const DraftDistributions& drafts = request.drafts;
+    if (drafts.form == DraftDistributions::Form::kPool || !drafts.values.on_device ||
+        drafts.values.ready_event == nullptr || drafts.values.ready_event == step.logits.ready_event) {
+      continue;
+    }
+    SAMPLERD_CUDA_RETURN(cudaStreamWaitEvent(
+        lane.stream, static_cast<cudaEvent_t>(const_cast<void*>(drafts.values.ready_event)), 0));
+  }
   cuda::LaunchOptions launch;
   std::shared_ptr<cuda::LaunchProbe> held_probe;
   {

@@ -60,6 +60,32 @@ void FailNextLaunches(CudaBackend& gpu, int count) {
   gpu.set_launch_probe(std::make_shared<FailingLaunches>(count));
 }
 
+// Two results bitwise alike: statuses, tokens, accept counts, every logprob's bits.
+bool BitwiseSame(const StepResult& a, const StepResult& b) {
+  if (a.results.size() != b.results.size()) return false;
+  for (size_t i = 0; i < a.results.size(); ++i) {
+    const RequestResult& x = a.results[i];
+    const RequestResult& y = b.results[i];
+    if (x.status != y.status || x.num_accepted != y.num_accepted || x.token_ids != y.token_ids ||
+        x.logprobs.size() != y.logprobs.size() ||
+        std::memcmp(x.logprobs.data(), y.logprobs.data(), x.logprobs.size() * 4) != 0 ||
+        x.sum_smaller_probs.size() != y.sum_smaller_probs.size() ||
+        std::memcmp(x.sum_smaller_probs.data(), y.sum_smaller_probs.data(),
+                    x.sum_smaller_probs.size() * 4) != 0 ||
+        x.top_logprobs.size() != y.top_logprobs.size()) {
+      return false;
+    }
+    for (size_t t = 0; t < x.top_logprobs.size(); ++t) {
+      if (x.top_logprobs[t].token_ids != y.top_logprobs[t].token_ids ||
+          std::memcmp(x.top_logprobs[t].logprobs.data(), y.top_logprobs[t].logprobs.data(),
+                      x.top_logprobs[t].logprobs.size() * 4) != 0) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 std::unique_ptr<CpuBackend> Cpu() {
   auto cpu = CpuBackend::Create({});
   return std::move(*cpu);
@@ -819,29 +845,7 @@ TEST(CudaBackend, ConcurrentStepsOnAllLanesGiveTheSameResultsAsAlone) {
   }
   std::vector<StepResult> alone;
   for (const Step& step : steps) alone.push_back(RunStep(gpu, step));
-  auto same = [](const StepResult& a, const StepResult& b) {
-    if (a.results.size() != b.results.size()) return false;
-    for (size_t i = 0; i < a.results.size(); ++i) {
-      const RequestResult& x = a.results[i];
-      const RequestResult& y = b.results[i];
-      if (x.token_ids != y.token_ids || x.logprobs.size() != y.logprobs.size() ||
-          std::memcmp(x.logprobs.data(), y.logprobs.data(), x.logprobs.size() * 4) != 0 ||
-          x.sum_smaller_probs.size() != y.sum_smaller_probs.size() ||
-          std::memcmp(x.sum_smaller_probs.data(), y.sum_smaller_probs.data(),
-                      x.sum_smaller_probs.size() * 4) != 0 ||
-          x.top_logprobs.size() != y.top_logprobs.size()) {
-        return false;
-      }
-      for (size_t t = 0; t < x.top_logprobs.size(); ++t) {
-        if (x.top_logprobs[t].token_ids != y.top_logprobs[t].token_ids ||
-            std::memcmp(x.top_logprobs[t].logprobs.data(), y.top_logprobs[t].logprobs.data(),
-                        x.top_logprobs[t].logprobs.size() * 4) != 0) {
-          return false;
-        }
-      }
-    }
-    return true;
-  };
+  auto same = BitwiseSame;
   for (int round = 0; round < 4; ++round) {
     std::vector<StepResult> together(kSteps);
     std::vector<std::thread> threads;
@@ -1110,6 +1114,175 @@ TEST(CudaBackend, StepOutputWritesTheTokensIntoDeviceMemory) {
             cudaSuccess);
   EXPECT_EQ(got, std::vector<int32_t>(words, 0));
   cudaFree(device);
+}
+
+// A copy of host bytes in device memory, freed with the test.
+struct DeviceBytes {
+  DeviceBytes(const void* host, size_t bytes) {
+    EXPECT_EQ(cudaMalloc(&data, bytes), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(data, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceBytes() { cudaFree(data); }
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+  void* data = nullptr;
+};
+
+// Issue 47: a worker's draft tensors in device memory (dense rows in float32 and bfloat16 with
+// a row stride, top-N rows) are read in place and answer bitwise as the same tensors sent from
+// the host, over the split and general paths, with rejections; SPEC 6's NaN / +inf rule holds
+// on device rows: the request fails with the CPU backend's message for the same bytes, and
+// the other requests of the step answer as before.
+TEST(CudaBackend, DeviceDraftsAnswerAsHostDrafts) {
+  auto gpu = Gpu();
+  ASSERT_NE(gpu, nullptr);
+  auto cpu = Cpu();
+  const int32_t vocab = 5000, stride = vocab + 40, q = 4, requests = 6, n = 8;
+  HostLogits target(requests * q, vocab, 3, 2.0f);
+  // Each request's q - 1 draft rows: a draft model's processed logprobs (log-softmax of the
+  // target row's logits plus noise, so that drafts are often accepted; for request 5 of
+  // unrelated logits, so rejected), the last third of the vocabulary -inf for odd requests;
+  // drafts are the draft rows' most likely tokens.
+  std::vector<std::vector<float>> dense(requests);
+  std::vector<std::vector<float>> topn_values(requests);
+  std::vector<std::vector<int32_t>> topn_ids(requests), draft_ids(requests);
+  for (int i = 0; i < requests; ++i) {
+    HostLogits draft(q - 1, vocab, 100 + i, i == 5 ? 3.0f : 0.2f);
+    dense[i].assign(static_cast<size_t>(q - 1) * stride, 0.0f);
+    for (int j = 0; j < q - 1; ++j) {
+      float* row = draft.Row(j);
+      if (i != 5) {
+        for (int32_t t = 0; t < vocab; ++t) row[t] += target.Row(i * q + j)[t];
+      }
+      if (i % 2 == 1) std::fill(row + 2 * vocab / 3, row + vocab, -INFINITY);
+      const float m = *std::max_element(row, row + vocab);
+      double z = 0.0;
+      for (int32_t t = 0; t < vocab; ++t) z += std::exp(static_cast<double>(row[t] - m));
+      std::vector<int32_t> ids(vocab);
+      for (int32_t t = 0; t < vocab; ++t) {
+        dense[i][j * stride + t] = row[t] - m - static_cast<float>(std::log(z));
+        ids[t] = t;
+      }
+      const float* lp = dense[i].data() + j * stride;
+      std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), [&](int32_t x, int32_t y) {
+        return lp[x] > lp[y] || (lp[x] == lp[y] && x < y);
+      });
+      draft_ids[i].push_back(ids[j % 3]);
+      for (int k = 0; k < n; ++k) {
+        topn_ids[i].push_back(k == n - 1 ? -1 : ids[k]);  // -1: no entry, as on the CPU
+        topn_values[i].push_back(lp[ids[k]]);
+      }
+    }
+  }
+  std::vector<SamplingParams> params(3);
+  params[0].temperature = 0.8f;
+  params[0].top_k = 20;
+  params[0].top_logprobs = 3;
+  params[1].top_p = 0.9f;
+  params[2].temperature = 1.3f;
+  params[2].top_logprobs = 2;
+  // form 0: dense float32, 1: dense bfloat16, 2: top-N float32.
+  for (int form = 0; form < 3; ++form) {
+    std::vector<std::vector<uint16_t>> bf16(requests);
+    std::vector<std::unique_ptr<DeviceBytes>> held;
+    Step host = MakeStep(StepKind::kDecode, target, vocab);
+    host.compute_sum_smaller_probs = true;
+    for (int i = 0; i < requests; ++i) {
+      RequestInputs r;
+      r.request_id = "r" + std::to_string(i);
+      r.first_row = i * q;
+      r.num_rows = q;
+      r.sample_position = 30 + i;
+      r.params = params[i % 3];
+      r.params.seq_seed = 500 + i;
+      r.draft_token_ids = draft_ids[i];
+      LogitsView& v = r.drafts.values;
+      v.rows = q - 1;
+      if (form == 2) {
+        r.drafts.form = DraftDistributions::Form::kTopN;
+        r.drafts.token_ids = topn_ids[i];
+        v.data = topn_values[i].data();
+        v.cols = v.row_stride = n;
+      } else {
+        r.drafts.form = DraftDistributions::Form::kDense;
+        v.cols = vocab;
+        v.row_stride = stride;
+        v.data = dense[i].data();
+        if (form == 1) {
+          for (float x : dense[i]) bf16[i].push_back(FloatToBFloat16(x));
+          v.data = bf16[i].data();
+          v.dtype = DType::kBFloat16;
+        }
+      }
+      host.requests.push_back(r);
+    }
+    Step device = host;
+    for (RequestInputs& r : device.requests) {
+      LogitsView& v = r.drafts.values;
+      held.push_back(std::make_unique<DeviceBytes>(v.data, v.ByteExtent()));
+      v.data = held.back()->data;
+      v.on_device = true;
+    }
+    const StepResult from_host = RunStep(*gpu, host);
+    const StepResult from_device = RunStep(*gpu, device);
+    int rejected = 0, accepted = 0;
+    for (const RequestResult& r : from_host.results) {
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      rejected += r.num_accepted < q - 1;
+      accepted += r.num_accepted;
+    }
+    EXPECT_TRUE(BitwiseSame(from_host, from_device)) << "form " << form;
+    EXPECT_GT(rejected, 0) << "form " << form;
+    EXPECT_GT(accepted, 0) << "form " << form;
+    // The CPU backend reads no device memory: each such request fails on its own.
+    const StepResult on_cpu = RunStep(*cpu, device);
+    for (const RequestResult& r : on_cpu.results) {
+      EXPECT_EQ(r.status.code(), absl::StatusCode::kFailedPrecondition) << r.status;
+      EXPECT_THAT(std::string(r.status.message()), testing::HasSubstr("needs the CUDA backend"));
+    }
+
+    // A NaN and a +inf in request 2's row 1 (the +inf first): its request fails with the
+    // CPU's message for the same host bytes, entries no verification reads included.
+    const int64_t bad_nan = form == 2 ? 6 : 4321, bad_inf = form == 2 ? 5 : 4000;
+    const int64_t row_elems = form == 2 ? n : stride;
+    auto poke = [&](const LogitsView& v, int64_t at, float value) {
+      const size_t elem = DTypeSize(v.dtype);
+      uint16_t half = FloatToBFloat16(value);
+      const void* src = v.dtype == DType::kBFloat16 ? static_cast<const void*>(&half)
+                                                     : static_cast<const void*>(&value);
+      std::memcpy(static_cast<char*>(const_cast<void*>(v.data)) + at * elem, src, elem);
+    };
+    // The host bytes of request 2's tensor, copied: the other forms' tensors stay finite.
+    const LogitsView& clean = host.requests[2].drafts.values;
+    std::vector<char> bad_bytes(static_cast<const char*>(clean.data),
+                                static_cast<const char*>(clean.data) + clean.ByteExtent());
+    Step bad_host = host;
+    bad_host.requests[2].drafts.values.data = bad_bytes.data();
+    Step bad_device = device;
+    for (auto [at, value] : {std::pair<int64_t, float>{bad_nan, NAN}, {bad_inf, INFINITY}}) {
+      poke(bad_host.requests[2].drafts.values, row_elems + at, value);
+      const LogitsView& v = bad_device.requests[2].drafts.values;
+      const size_t elem = DTypeSize(v.dtype);
+      ASSERT_EQ(cudaMemcpy(static_cast<char*>(const_cast<void*>(v.data)) + (row_elems + at) * elem,
+                           static_cast<const char*>(bad_host.requests[2].drafts.values.data) +
+                               (row_elems + at) * elem,
+                           elem, cudaMemcpyHostToDevice),
+                cudaSuccess);
+    }
+    const StepResult cpu_bad = RunStep(*cpu, bad_host);
+    const StepResult gpu_bad = RunStep(*gpu, bad_device);
+    ASSERT_FALSE(cpu_bad.results[2].status.ok());
+    EXPECT_EQ(gpu_bad.results[2].status, cpu_bad.results[2].status) << "form " << form;
+    EXPECT_THAT(std::string(gpu_bad.results[2].status.message()),
+                testing::HasSubstr(absl::StrCat("draft row 1 holds +inf at entry ", bad_inf)));
+    for (int i = 0; i < requests; ++i) {
+      if (i == 2) continue;
+      StepResult a, b;
+      a.results = {from_host.results[i]};
+      b.results = {gpu_bad.results[i]};
+      EXPECT_TRUE(BitwiseSame(a, b)) << "form " << form << " request " << i;
+    }
+  }
 }
 
 }  // namespace

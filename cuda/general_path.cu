@@ -63,7 +63,37 @@ __global__ void __launch_bounds__(kSampleThreads) SampleRowsKernel(StepParams p)
   SampleRowGeneral(p, blockIdx.x, sh);
 }
 
+// SPEC 6 on a worker's device draft rows (issue 47; RowJob::q_check): a NaN or +inf anywhere
+// in the row (a dense row's first V entries, a top-N row's values) fails its request whether
+// or not verification reads that entry, as PlanStep's check of a host row. Blocks over chunks
+// of each checked row; each thread keeps its first (smallest) bad entry and the row's smallest
+// wins through an atomic max of its complement, so the report names the row's first fault.
+__global__ void __launch_bounds__(kPrepareThreads) CheckDraftRowsKernel(StepParams p) {
+  const RowJob& job = p.jobs[blockIdx.y];
+  if (job.kind != kRowVerify || job.q_check == 0) return;
+  const int n = job.q_n > 0 ? job.q_n : p.vocab_size;
+  const int begin = blockIdx.x * kPrepareChunk;
+  const int end = min(n, begin + kPrepareChunk);
+  for (int c = begin + threadIdx.x; c < end; c += kPrepareThreads) {
+    const float v = LoadLogit(job.q_values, job.q_dtype, c);
+    if (isnan(v) || v == INFINITY) {
+      const unsigned long long key = 2ull * static_cast<unsigned long long>(c) + (isnan(v) ? 1 : 0);
+      atomicMax(&p.results[blockIdx.y].draft_fault, ~key);
+      return;
+    }
+  }
+}
+
 }  // namespace detail
+
+cudaError_t LaunchCheckDraftRows(const StepParams& params, cudaStream_t stream) {
+  if (params.num_jobs == 0) return cudaSuccess;
+  // Chunks enough for the longer of a dense row (V) and the longest top-N row.
+  const int longest = max(params.vocab_size, kMaxDeviceTopNDraft);
+  const dim3 grid((longest + detail::kPrepareChunk - 1) / detail::kPrepareChunk, params.num_jobs);
+  detail::CheckDraftRowsKernel<<<grid, detail::kPrepareThreads, 0, stream>>>(params);
+  return cudaGetLastError();
+}
 
 const char* StepParams::Validate() const {
   if (logits == nullptr) return "logits is null";

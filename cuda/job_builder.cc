@@ -92,10 +92,22 @@ StepJobs BuildStepJobs(const StepPlan& plan, const std::vector<RowTask>& tasks,
       const DraftRow* pooled = d.form == DraftDistributions::Form::kPool
                                    ? &pool_entries[task.request].at(task.index + 1)
                                    : nullptr;
+      j.q_dtype = DType::kFloat32;
       if (pooled != nullptr && pooled->device != nullptr) {
         // This backend's own DRAFT output, still on the device: read in place. The kernel
         // wrote -inf or finite processed logprobs, so there is nothing to check.
-        h.q_device = pooled->device->data;
+        j.q_values = pooled->device->data;
+      } else if (pooled == nullptr && d.values.on_device) {
+        // A worker's tensor (issue 47): read in place in its own dtype, after its ready event
+        // (RunOnLane). Its rows are the worker's, not ours: SPEC 6's rule is applied to each
+        // on the device (CheckDraftRows) before its request is answered.
+        j.q_values = d.values.Row(task.index);
+        j.q_dtype = d.values.dtype;
+        j.q_check = 1;
+        if (d.form == DraftDistributions::Form::kTopN) {
+          j.q_n = d.values.cols;
+          h.q_ids = d.token_ids.data() + static_cast<size_t>(task.index) * j.q_n;
+        }
       } else {
         h.q_host = static_cast<int32_t>(out.q_rows.size());
         out.q_rows.push_back(HostDraftRow(d, pooled, task.index, V));

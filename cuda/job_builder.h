@@ -1,7 +1,7 @@
 // Private to cuda/: a step's plan as the kernels' row jobs. One job per sampled row (in
 // RowTasks' order) and, in PREFILL, one per prompt target; each with its token updates, its
-// grammar mask and, for a verified draft, where its draft distribution is (the device pool,
-// or a dense row built on the host).
+// grammar mask and, for a verified draft, where its draft distribution is (the device pool, a
+// worker's device tensor read in place, or a dense row built on the host).
 #ifndef SAMPLERD_CUDA_JOB_BUILDER_H_
 #define SAMPLERD_CUDA_JOB_BUILDER_H_
 
@@ -24,8 +24,10 @@ struct HostJob {
   int32_t request = 0;
   int32_t index = 0;                   // sampled row index, or prompt target index
   const unsigned char* mask = nullptr;  // host bytes, or null
-  int32_t q_host = -1;                 // verify: index of the host q row to upload, or
-  const float* q_device = nullptr;      // the pooled q row already on the device
+  // verify: index of the host q row to upload; else job.q_values is already a device row (the
+  // pool's, or a worker's read in place: issue 47).
+  int32_t q_host = -1;
+  const int32_t* q_ids = nullptr;       // a worker's device top-N row: its ids (host, uploaded)
   bool draft_out = false;
   std::shared_ptr<const DeviceDraftRow> pool_row;  // DRAFT: where the kernel writes the row
   std::vector<RowUpdate> updates;  // SPEC 3 steps 2b-d and 3, sorted by token

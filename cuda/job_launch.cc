@@ -49,12 +49,16 @@ absl::Status LaunchJobs(Lane& lane, const Step& step, const LogitsView& device_l
   const int n = static_cast<int>(end - begin);
   const size_t mask_bytes = 4 * ((static_cast<size_t>(V) + 31) / 32);
   int masks = 0, verifies = 0;  // verifies: q rows uploaded from the host
+  int checks = 0;               // worker's device q rows (CheckDraftRows)
+  size_t q_ids = 0;             // their top-N ids, uploaded
   std::vector<RowUpdate>& updates = lane.updates;  // every job's updates, job after job
   updates.clear();
   for (size_t i = begin; i < end; ++i) {
     HostJob& h = jobs[i];
     masks += h.mask != nullptr;
     verifies += h.q_host >= 0;
+    checks += h.job.q_check;
+    if (h.q_ids != nullptr) q_ids += h.job.q_n;
     h.job.update_begin = static_cast<int32_t>(updates.size());
     updates.insert(updates.end(), h.updates.begin(), h.updates.end());
     h.job.update_end = static_cast<int32_t>(updates.size());
@@ -66,12 +70,14 @@ absl::Status LaunchJobs(Lane& lane, const Step& step, const LogitsView& device_l
   const size_t list_bytes = n * sizeof(int32_t);  // split_jobs, then fused_jobs
   const size_t update_bytes = updates.size() * sizeof(RowUpdate);
   const size_t q_bytes = static_cast<size_t>(verifies) * V * sizeof(float);
+  const size_t q_id_bytes = q_ids * sizeof(int32_t);
   const size_t result_bytes = n * sizeof(RowResult);
   const size_t at_lists = Align256(job_bytes);
   const size_t at_updates = at_lists + Align256(list_bytes);
   const size_t at_masks = at_updates + Align256(update_bytes);
   const size_t at_q = at_masks + Align256(masks * mask_bytes);
-  const size_t at_results = at_q + Align256(q_bytes);
+  const size_t at_q_ids = at_q + Align256(q_bytes);
+  const size_t at_results = at_q_ids + Align256(q_id_bytes);
   const size_t at_row_max = at_results + Align256(result_bytes);
   const size_t block_bytes = at_row_max + Align256(n * sizeof(unsigned int));
   RETURN_IF_ERROR(lane.staging.Reserve(block_bytes));
@@ -85,24 +91,28 @@ absl::Status LaunchJobs(Lane& lane, const Step& step, const LogitsView& device_l
   // Results start zeroed (no status bits) and the row maxima at the smallest order key.
   std::memset(stage + at_results, 0, block_bytes - at_results);
   int m = 0, qv = 0;
+  size_t qi = 0;
   for (int k = 0; k < n; ++k) {
     HostJob& h = jobs[begin + k];
     RowJob job = h.job;
     job.mask = nullptr;
-    job.q_dense = nullptr;
     job.pool_out = nullptr;
     if (h.mask != nullptr) {
       std::memcpy(stage + at_masks + m * mask_bytes, h.mask, mask_bytes);
       job.mask = reinterpret_cast<const unsigned char*>(device + at_masks + m * mask_bytes);
       ++m;
     }
-    if (h.q_device != nullptr) {
-      job.q_dense = h.q_device;
-    } else if (h.q_host >= 0) {
+    if (h.q_host >= 0) {
       const size_t at = at_q + static_cast<size_t>(qv) * V * sizeof(float);
       std::memcpy(stage + at, step_jobs.q_rows[h.q_host].data(), V * sizeof(float));
-      job.q_dense = reinterpret_cast<const float*>(device + at);
+      job.q_values = device + at;
       ++qv;
+    }
+    if (h.q_ids != nullptr) {
+      const size_t at = at_q_ids + qi * sizeof(int32_t);
+      std::memcpy(stage + at, h.q_ids, job.q_n * sizeof(int32_t));
+      job.q_ids = reinterpret_cast<const int32_t*>(device + at);
+      qi += job.q_n;
     }
     // A DRAFT row whose device range could not be had (its request has failed) writes nothing.
     if (h.pool_row != nullptr) job.pool_out = const_cast<float*>(h.pool_row->data);
@@ -159,6 +169,7 @@ absl::Status LaunchJobs(Lane& lane, const Step& step, const LogitsView& device_l
   SAMPLERD_CUDA_RETURN(cudaEventRecord(lane.start, lane.stream));
   absl::Status launched = [&]() -> absl::Status {
     if (options.probe != nullptr) RETURN_IF_ERROR(options.probe->AtLaunch(lane.stream));
+    if (checks > 0) SAMPLERD_CUDA_RETURN(LaunchCheckDraftRows(params, lane.stream));
     if (fused_fits) {
       // Rows with a small top-k: independent blocks over chunks of each row, the last of which
       // finishes the row. The rest: one read of each row by a cluster of blocks, which also runs

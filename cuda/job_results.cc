@@ -1,6 +1,8 @@
 #include "cuda/job_results.h"
 
+#include "absl/strings/str_cat.h"
 #include "sampler/row_processor.h"
+#include "sampler/validate.h"
 
 namespace samplerd {
 namespace cuda {
@@ -25,6 +27,19 @@ DecodedResults DecodeJobResults(const StepPlan& plan, const StepJobs& jobs,
     const HostJob& h = jobs.jobs[k];
     const RowResult& r = results[k];
     RowOutcome& o = out.outcomes[k];
+    if (r.draft_fault != 0) {
+      // SPEC 6 on a worker's device draft row: an error of its request, whatever the other
+      // rows hold (the CPU checks every draft row before sampling), the first row's fault.
+      if (result.results[h.request].status.ok()) {
+        const uint64_t fault = ~static_cast<uint64_t>(r.draft_fault);
+        result.results[h.request].status = BadDraftRowError(
+            absl::StrCat(RequestField(h.request),
+                         h.job.q_n > 0 ? ".draft_topn.values" : ".draft_logprobs"),
+            h.index, static_cast<int64_t>(fault >> 1), (fault & 1) != 0);
+      }
+      o.status = result.results[h.request].status;
+      continue;
+    }
     if (r.status != 0) {
       o.status = RowError(h, r.status, V);
       continue;

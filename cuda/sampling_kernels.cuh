@@ -56,6 +56,17 @@ __device__ __forceinline__ float LoadLogit(const void* row, DType dtype, int32_t
   }
 }
 
+// The draft logprob of token c (>= 0) of a verify job's q row (RowJob::q_values): a dense
+// row's entry, or a top-N row's value at the first entry naming c (-inf where none does, as
+// the CPU's DraftRowView). Read in place: never more than the entries verification needs.
+__device__ __forceinline__ float DraftLogprob(const RowJob& job, int32_t c) {
+  if (job.q_n == 0) return LoadLogit(job.q_values, job.q_dtype, c);
+  for (int32_t i = 0; i < job.q_n; ++i) {
+    if (job.q_ids[i] == c) return LoadLogit(job.q_values, job.q_dtype, i);
+  }
+  return kNegInf;
+}
+
 // Eight bf16 / fp16 logits from one 16-byte load, in memory order.
 __device__ __forceinline__ void Unpack16(const uint4& v, DType dtype, float (&out)[8]) {
   const uint32_t words[4] = {v.x, v.y, v.z, v.w};

@@ -59,7 +59,15 @@ struct RowJob {
   uint64_t seed;            // stream seed
   uint64_t position;        // random-number position
   const unsigned char* mask;  // grammar bitmask (ceil(V/32) words), null = none
-  const float* q_dense;     // kRowVerify: the draft's processed logprobs [V] (dense)
+  // kRowVerify: the draft's logprobs row, read through DraftLogprob: [V] dense (q_n = 0) or
+  // the [q_n] values of a top-N row whose ids are q_ids; of dtype q_dtype. Rows from the
+  // host and the pool are float32 and dense; a worker's device rows (issue 47) are read in
+  // place, in their own dtype, and checked on the device first (q_check: CheckDraftRows).
+  const void* q_values;
+  const int32_t* q_ids;
+  DType q_dtype;
+  int32_t q_n;
+  int32_t q_check;
   float* pool_out;          // DRAFT rows: write processed logprobs [V] here, or null
   int32_t update_begin;     // [begin, end) of this job's entries in StepParams::updates
   int32_t update_end;
@@ -89,6 +97,9 @@ struct RowResult {
   float logprob;
   float sum_smaller;
   float prompt_logprob;     // kRowPrompt
+  // kRowVerify with q_check: 0, or SPEC 6's fault of its draft row, the first NaN or +inf:
+  // ~(entry * 2 + is_nan) (CheckDraftRows keeps the smallest entry with an atomic max).
+  unsigned long long draft_fault;
   int32_t top_ids[kMaxTopLogprobs];
   float top_logprobs[kMaxTopLogprobs];
 };
@@ -156,6 +167,10 @@ inline bool SplitPathEligible(const RowJob& job, int32_t vocab_size) {
 }
 [[nodiscard]] size_t SplitScratchBytes(int32_t num_split, int32_t vocab_size);
 cudaError_t LaunchSplitRows(const StepParams& params, cudaStream_t stream);
+
+// SPEC 6's check of the jobs' worker draft rows (RowJob::q_check) into RowResult::draft_fault;
+// before the path's launches, on the same stream.
+cudaError_t LaunchCheckDraftRows(const StepParams& params, cudaStream_t stream);
 
 cudaError_t LaunchPrepareRows(const StepParams& params, cudaStream_t stream);
 cudaError_t LaunchRowUpdates(const StepParams& params, cudaStream_t stream);

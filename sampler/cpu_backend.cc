@@ -134,6 +134,18 @@ absl::StatusOr<StepResult> CpuBackend::Sample(const StepPlan& plan) {
   StepResult result = BeginStepResult(plan);
   std::vector<std::string> fields(num_requests);
   for (size_t i = 0; i < num_requests; ++i) fields[i] = RequestField(i);
+  // Draft rows in device memory (issue 47) fail their own request, as device logits fail the
+  // step: this backend reads host memory only.
+  for (size_t i = 0; i < num_requests; ++i) {
+    const DraftDistributions& drafts = step.requests[i].drafts;
+    if (drafts.form != DraftDistributions::Form::kPool && drafts.values.on_device &&
+        result.results[i].status.ok()) {
+      result.results[i].status = absl::FailedPreconditionError(absl::StrCat(
+          fields[i], drafts.form == DraftDistributions::Form::kDense ? ".draft_logprobs"
+                                                                     : ".draft_topn.values",
+          ": device memory needs the CUDA backend"));
+    }
+  }
   // DECODE requests that verify against the pool take their drafts now (consuming them).
   std::vector<DraftPool::Entry> pool_entries;
   TakeDecodeDrafts(plan, draft_pool_, result, &pool_entries);

@@ -300,6 +300,46 @@ TEST(CpuBackend, FaultsFailOnlyTheirRequest) {
   }
 }
 
+// Draft tensors in device memory (issue 47) are the CUDA backend's: here each such request
+// fails alone with FAILED_PRECONDITION naming its tensor (nothing is read through the
+// pointer, which here points nowhere), and a device top-N row longer than the kernels' lookup
+// takes is refused by the request check on every backend.
+TEST(CpuBackend, DeviceDraftsFailOnlyTheirRequest) {
+  const int32_t vocab = 100;
+  HostLogits logits(6, vocab, 14);
+  HostLogits host_q(1, vocab, 15);
+  Step step = MakeStep(StepKind::kDecode, logits, vocab);
+  for (int i = 0; i < 3; ++i) {
+    RequestInputs r;
+    r.request_id = "r" + std::to_string(i);
+    r.first_row = 2 * i;
+    r.num_rows = 2;
+    r.params.seq_seed = 3;
+    r.draft_token_ids = {5};
+    r.drafts.form = DraftDistributions::Form::kDense;
+    r.drafts.values = host_q.View();
+    step.requests.push_back(r);
+  }
+  static const char kNowhere[1] = {0};
+  step.requests[0].drafts.values.data = kNowhere;  // "device memory": never dereferenced here
+  step.requests[0].drafts.values.on_device = true;
+  RequestInputs& topn = step.requests[2];
+  topn.drafts.form = DraftDistributions::Form::kTopN;
+  topn.drafts.values.data = kNowhere;
+  topn.drafts.values.on_device = true;
+  topn.drafts.values.cols = topn.drafts.values.row_stride = kMaxDeviceTopNDraft + 1;
+  topn.drafts.token_ids.assign(kMaxDeviceTopNDraft + 1, 1);
+  auto backend = MakeBackend();
+  const StepResult result = RunStep(*backend, step);
+  EXPECT_EQ(result.results[0].status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(result.results[0].status.message()),
+              HasSubstr("requests[0].draft_logprobs: device memory needs the CUDA backend"));
+  EXPECT_TRUE(result.results[1].status.ok()) << result.results[1].status;
+  EXPECT_EQ(result.results[2].status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(result.results[2].status.message()),
+              HasSubstr("draft_topn.values.cols: 257 entries a row"));
+}
+
 TEST(CpuBackend, APromptRowFaultFailsOnlyItsRequest) {
   // Request 0's prompt rows hold a NaN; request 1, after it, is answered as when alone.
   const int32_t vocab = 50;

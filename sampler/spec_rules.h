@@ -35,6 +35,11 @@ inline constexpr uint64_t kDecodeRowPositionStride = 10000019ULL;
 // Offset of the draft model's seed domain (tag "mtp").
 inline constexpr uint64_t kDraftSeedOffset = 1000000007ULL;
 
+// Not SPEC's but this implementation's, shared by the request check (validate.cc) and the
+// kernels: the longest top-N draft row a worker may send in device memory (issue 47). The
+// kernels look a token's q up among the row's entries, so this bounds the lookup's cost.
+inline constexpr int32_t kMaxDeviceTopNDraft = 256;
+
 // Output number `seq` (from 0) of a SplitMix64 stream seeded with `seed`, as [0, 1).
 SAMPLERD_SPEC_FN double UniformDouble(uint64_t seed, uint64_t seq) {
   uint64_t z = seed + (seq + 1) * 0x9E3779B97F4A7C15ULL;

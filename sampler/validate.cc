@@ -23,14 +23,6 @@ bool BadDraftValue(float value) {
   return std::isnan(value) || value == std::numeric_limits<float>::infinity();
 }
 
-// The error of draft row `row` whose entry `entry` is `value` (NaN or +inf).
-absl::Status BadDraftRowError(const std::string& field, int32_t row, int64_t entry, float value) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      field, ": draft row ", row, " holds ", std::isnan(value) ? "NaN" : "+inf", " at entry ",
-      entry, "; a draft row may hold finite logprobs and -inf only (SPEC 6), whether or not "
-      "verification reads that entry"));
-}
-
 // CheckDraftRow over rows [0, rows) of a sent draft tensor, columns [0, cols), converted to
 // float32 a block at a time (no allocation the size of the tensor).
 absl::Status CheckDraftTensor(const LogitsView& view, int32_t rows, int32_t cols,
@@ -43,7 +35,9 @@ absl::Status CheckDraftTensor(const LogitsView& view, int32_t rows, int32_t cols
       LoadRowAsFloat(view, r, first, n, block);
       if (!HasNanOrPosInf(block, n)) continue;  // the vectorised common case
       for (int32_t i = 0; i < n; ++i) {
-        if (BadDraftValue(block[i])) return BadDraftRowError(field, r, first + i, block[i]);
+        if (BadDraftValue(block[i])) {
+          return BadDraftRowError(field, r, first + i, std::isnan(block[i]));
+        }
       }
     }
   }
@@ -52,10 +46,17 @@ absl::Status CheckDraftTensor(const LogitsView& view, int32_t rows, int32_t cols
 
 }  // namespace
 
+absl::Status BadDraftRowError(const std::string& field, int32_t row, int64_t entry, bool nan) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": draft row ", row, " holds ", nan ? "NaN" : "+inf", " at entry ", entry,
+      "; a draft row may hold finite logprobs and -inf only (SPEC 6), whether or not "
+      "verification reads that entry"));
+}
+
 absl::Status CheckDraftRow(const float* values, int32_t n, int32_t row, const std::string& field) {
   if (!HasNanOrPosInf(values, n)) return absl::OkStatus();
   for (int32_t i = 0; i < n; ++i) {
-    if (BadDraftValue(values[i])) return BadDraftRowError(field, row, i, values[i]);
+    if (BadDraftValue(values[i])) return BadDraftRowError(field, row, i, std::isnan(values[i]));
   }
   return absl::OkStatus();
 }
@@ -111,6 +112,9 @@ absl::Status CheckDraftDistributions(const RequestInputs& request, int32_t vocab
         return FieldError(f + ".row_stride", "is less than cols");
       }
       if (dist.values.data == nullptr) return FieldError(f, "has no data");
+      // Device rows (issue 47) cannot be read here: the CUDA backend applies SPEC 6's rule
+      // to them on the device before verifying (cuda/kernels/draft_check.cuh).
+      if (dist.values.on_device) return absl::OkStatus();
       return CheckDraftTensor(dist.values, drafts, vocab_size, f);
     }
     case DraftDistributions::Form::kTopN: {
@@ -132,6 +136,15 @@ absl::Status CheckDraftDistributions(const RequestInputs& request, int32_t vocab
                                       f + ".token_ids");
           !status.ok()) {
         return status;
+      }
+      if (dist.values.on_device) {  // checked on the device, as above
+        if (n > kMaxDeviceTopNDraft) {
+          return FieldError(f + ".values.cols",
+                            absl::StrCat(n, " entries a row: a top-N draft row in device memory "
+                                         "holds at most ", kMaxDeviceTopNDraft,
+                                         " (send a dense draft_logprobs row instead)"));
+        }
+        return absl::OkStatus();
       }
       return CheckDraftTensor(dist.values, drafts, n, f + ".values");
     }

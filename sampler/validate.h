@@ -40,7 +40,11 @@ absl::StatusOr<StepPlan> PlanStep(const Step& step, const Limits& limits,
 // rule on every backend: PlanStep applies it to every row a request sends (dense rows over
 // their first vocab_size columns, top-N rows' values), whether or not verification would read
 // the entry, and TakeDecodeDrafts (step_assembly.h) to every host row taken from the pool.
+// Rows in device memory are the CUDA backend's to check, with the same rule.
 absl::Status CheckDraftRow(const float* values, int32_t n, int32_t row, const std::string& field);
+// The error CheckDraftRow returns: draft row `row` holds NaN (`nan`) or +inf at `entry`. The
+// CUDA backend reports a device row's fault (found on the device) with it.
+absl::Status BadDraftRowError(const std::string& field, int32_t row, int64_t entry, bool nan);
 
 // SPEC section 2 on one request's parameters: checks, then normalises. `field` prefixes messages.
 absl::StatusOr<NormalizedParams> NormalizeParams(const SamplingParams& params,

@@ -9,7 +9,8 @@
 # `samplerd --probe_gpu_context` must say MPS client, bench/mps_wedge.py kills workers while
 # their kernels run (samplerd must exit 3 and every replacement get a context and sample), and
 # the same client tests again (test_cuda_output.py too: tokens written into the worker's memory,
-# the asynchronous loop). Exits non-zero if any of it failed.
+# the asynchronous loop; test_cuda_drafts.py: a drafter's distributions read in place). Exits
+# non-zero if any of it failed.
 #   bash scripts/gpu_mps.sh bench [STEPS]   (default 100)
 # runs bench/decode_loop_bench.py and bench/hf_example_gpu.py without and with MPS.
 set -uo pipefail
@@ -22,7 +23,7 @@ mps_start() {
   trap 'echo quit | nvidia-cuda-mps-control; sleep 1' EXIT
 }
 client_tests=(client/python/tests/test_cuda.py client/python/tests/test_cuda_output.py
-              client/python/tests/test_cuda_dead_worker.py)
+              client/python/tests/test_cuda_drafts.py client/python/tests/test_cuda_dead_worker.py)
 if [[ ${1:-} == run || ${1:-} == bench ]]; then
   source $pack/env.sh
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -79,11 +80,12 @@ if [[ ${1:-} == run ]]; then
   tail -n 20 "$CUDA_MPS_LOG_DIRECTORY"/server.log 2>/dev/null
   exit $status
 fi
-bazel build -c opt //server:samplerd //client:samplerctl //cuda:cuda_backend_test || exit 1
+bazel build -c opt //server:samplerd //client:samplerctl //cuda:cuda_backend_test \
+  //bench:gpu_bench || exit 1
 grep -qx "/$pack/" .git/info/exclude 2>/dev/null || echo "/$pack/" >> .git/info/exclude
 rm -rf $pack
 ../shared/tools/device-pack $pack bazel-bin/server/samplerd bazel-bin/client/samplerctl \
-  bazel-bin/cuda/cuda_backend_test || exit 1
+  bazel-bin/cuda/cuda_backend_test bazel-bin/bench/gpu_bench || exit 1
 venv=$(bash scripts/pyvenv.sh client/python/tests/requirements.txt)
 "$venv/bin/pip" wheel -q --disable-pip-version-check --no-deps -w $pack/wheels ./client/python
 "$venv/bin/pip" download -q --disable-pip-version-check --no-deps -d $pack/wheels \

@@ -24,7 +24,7 @@ __device__ __forceinline__ int ChooseToken(const RowJob& job, POf p_of, Replace 
   if (job.kind == kRowVerify && job.golden < 0) {
     const int d = job.draft_token;
     const double p_d = p_of(d);
-    const double q_d = d >= 0 ? exp(static_cast<double>(job.q_dense[d])) : 0.0;
+    const double q_d = d >= 0 ? exp(static_cast<double>(DraftLogprob(job, d))) : 0.0;
     const double u = UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kAcceptReject));
     *accepted = AcceptDraft(d, u, p_d, q_d);
     if (*accepted) return d;
@@ -118,7 +118,7 @@ static __device__ void FinishCandidates(Shared& sh, const RowJob& job, RowResult
       // Residual max(0, p - q) over the kept set, in the order (residual desc, id asc).
       auto residual = [&](int i) {
         const double r = static_cast<double>(expf(sh.cand_s[i] - M)) / Zk -
-                         exp(static_cast<double>(job.q_dense[sh.cand_id[i]]));
+                         exp(static_cast<double>(DraftLogprob(job, sh.cand_id[i])));
         return r > 0.0 ? r : 0.0;
       };
       // Sorted by the float64 residual itself (sh.cum until PrefixSums overwrites it).

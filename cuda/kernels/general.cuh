@@ -233,7 +233,7 @@ static __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) 
           float s;
           double r = 0.0;
           if (kept_fn(c, &s)) {
-            r = static_cast<double>(expf(s - M)) / Zk - exp(static_cast<double>(job.q_dense[c]));
+            r = static_cast<double>(expf(s - M)) / Zk - exp(static_cast<double>(DraftLogprob(job, c)));
           }
           *k = r > 0.0 ? static_cast<uint64_t>(__double_as_longlong(r)) : 0ull;  // r >= 0: bits order
           return r > 0.0 ? ToMass(r) : 0ull;

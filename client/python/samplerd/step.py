@@ -155,14 +155,18 @@ class Prefill(_Common):
 @dataclass
 class Decode(_Common):
     """Verifies `draft_token_ids` (num_rows - 1 of them) against rows first_row.. and emits
-    the accepted drafts plus one token. `draft_logprobs` ([num_rows - 1, cols] float32) are the
-    drafts' processed logprobs; None = the server's draft pool (from this request's earlier
-    Draft steps)."""
+    the accepted drafts plus one token. `draft_logprobs` ([num_rows - 1, cols]) are the
+    drafts' processed logprobs, or `draft_topn` = (values [num_rows - 1, N], token_ids of the
+    same shape) their top N; None = the server's draft pool (from this request's earlier Draft
+    steps). Either tensor is anything a step's logits may be: a numpy array or CPU torch tensor
+    (sent inline), ShmLogits, or CudaLogits (a view of a registered CUDA tensor, read in place
+    by samplerd's kernels after its ready event: a drafter's output never leaves the GPU)."""
 
     first_row: int = 0
     num_rows: int = 1
     draft_token_ids: Sequence[int] = ()
-    draft_logprobs: Optional[np.ndarray] = None
+    draft_logprobs: Optional[object] = None
+    draft_topn: Optional[tuple] = None
     golden_token_ids: Sequence[int] = ()
     allowed_token_masks: Sequence[Mask] = ()
 
@@ -176,7 +180,11 @@ class Decode(_Common):
         if len(self.draft_token_ids):
             msg.draft_token_ids.extend(self.draft_token_ids)
         if self.draft_logprobs is not None:
-            _inline(msg.draft_logprobs, np.asarray(self.draft_logprobs))
+            _fill_logits(msg.draft_logprobs, _as_tensor_source(self.draft_logprobs))
+        if self.draft_topn is not None:
+            values, token_ids = self.draft_topn
+            _fill_logits(msg.draft_topn.values, _as_tensor_source(values))
+            msg.draft_topn.token_ids.extend(int(t) for t in np.asarray(token_ids).reshape(-1))
         if len(self.golden_token_ids):
             msg.golden_token_ids.extend(self.golden_token_ids)
         if self.allowed_token_masks:
@@ -279,6 +287,11 @@ class NcclLogits:
         tensor.rows, tensor.cols = self.rows, self.cols
         tensor.nccl.group_id = self.group_id
         tensor.nccl.src_rank = self.src_rank
+
+
+def _as_tensor_source(value):
+    """Lists become numpy arrays; every other source passes as it is."""
+    return np.asarray(value) if isinstance(value, (list, tuple)) else value
 
 
 def _fill_logits(tensor, logits):

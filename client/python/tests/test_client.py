@@ -207,6 +207,28 @@ def test_decode_accept_counts(client):
     assert r.num_accepted == 0 and r.token_ids.tolist() == [int(np.argmax(x[0]))]
 
 
+def test_decode_with_top_n_drafts_answers_as_the_same_dense_drafts(client):
+    """draft_topn = (values, token_ids): q over the listed tokens, -inf elsewhere, as a dense
+    row holding the same values would send it."""
+    rows, n = 4, 5
+    x = logits(6, rows=rows)
+    draft_lp = log_softmax(x[:rows - 1] * 1.5).astype(np.float32)
+    ids = np.argsort(-draft_lp, axis=1, kind="stable")[:, :n].astype(np.int32)
+    values = np.take_along_axis(draft_lp, ids, axis=1)
+    dense = np.full_like(draft_lp, -np.inf)
+    np.put_along_axis(dense, ids, values, axis=1)
+    drafts = ids[:, 1].tolist()  # second choices: some accepted, some not
+    common = dict(first_row=0, num_rows=rows, draft_token_ids=drafts, sample_position=8,
+                  params=SamplingParams(seed=11, top_logprobs=2))
+    msg = client.build(x, [Decode("t", draft_topn=(values, ids), **common)])
+    assert list(msg.inputs.requests[0].draft_topn.token_ids) == ids.reshape(-1).tolist()
+    top = client.sample(x, [Decode("t", draft_topn=(values, ids), **common)])["t"]
+    whole = client.sample(x, [Decode("t", draft_logprobs=dense, **common)])["t"]
+    assert top.token_ids.tolist() == whole.token_ids.tolist()
+    assert top.num_accepted == whole.num_accepted
+    np.testing.assert_array_equal(top.logprobs, whole.logprobs)
+
+
 def test_example_decode_loop_runs(server):
     example = pathlib.Path(__file__).resolve().parents[3] / "examples" / "decode_loop.py"
     lines = [l for l in example.read_text().splitlines() if l.strip() and not l.lstrip().startswith("#")]
