@@ -42,9 +42,15 @@ class LogitsPool:
     def put(self, logits: torch.Tensor):
         n = logits.shape[0]
         self.pool[:n].copy_(logits)
+        self.ready = self.event.record() if self.cuda else None
+        return self.part(0, n)
+
+    def part(self, first: int, n: int):
+        """Rows [first, first + n) of what `put` wrote last, as a step (or a draft tensor)
+        sends them: read in place, after put's ready event on a GPU."""
         if self.cuda:
-            return samplerd.CudaLogits(self.region, self.pool[:n], self.event.record())
-        return samplerd.ShmLogits(self.region, self.array[:n])
+            return samplerd.CudaLogits(self.region, self.pool[first:first + n], self.ready)
+        return samplerd.ShmLogits(self.region, self.array[first:first + n])
 
     def close(self):
         self.client.unregister(self.region.name if self.cuda else self.region.buffer_name)

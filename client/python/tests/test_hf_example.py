@@ -142,9 +142,12 @@ def chi_square_sf(x, df):
                                          torch.tensor(x / 2, dtype=torch.float64)))
 
 
-def test_speculative_decoding_emits_the_targets_distribution(client):
+@pytest.mark.parametrize("own_drafter", [False, True], ids=["draft-pool", "own-drafter"])
+def test_speculative_decoding_emits_the_targets_distribution(client, own_drafter):
     """The rejection-sampling theorem (SPEC 6), end to end: a draft model proposes k = 3 tokens
-    (DRAFT steps, its distributions kept in samplerd's pool), the target verifies them (DECODE),
+    (DRAFT steps, its distributions kept in samplerd's pool; or, own-drafter, drawn by the
+    worker, their distributions sent by handle from its shm region), the target verifies them
+    (DECODE),
     and the first two emitted tokens (x1, x2) must be distributed as the target's own p(x1)
     p(x2 | x1), whichever path emitted them (accepted draft, replacement, or fresh draw).
 
@@ -162,7 +165,7 @@ def test_speculative_decoding_emits_the_targets_distribution(client):
     prompt = [1, 2, 3]
     params = [samplerd.SamplingParams(seed=s) for s in range(n)]  # temperature 1
     generated, accept_rate = speculative_generate(client, target, draft, [prompt] * n, params,
-                                                  k=k, max_new_tokens=2)
+                                                  k=k, max_new_tokens=2, own_drafter=own_drafter)
     counts = np.zeros((vocab, vocab))
     for g in generated:
         counts[g.tokens[0], g.tokens[1]] += 1
@@ -191,7 +194,8 @@ def test_speculative_decoding_emits_the_targets_distribution(client):
         lam90 += 0.5
     q_cells = np.append(q[big], q[~big].sum()) * n
     lam_accept_all = float(((q_cells - cells_exp) ** 2 / cells_exp).sum())
-    print(f"\nspeculative: N {n}, k {k}, accept rate {accept_rate:.3f}; chi-square {stat:.1f} on "
+    print(f"\nspeculative ({'own drafter' if own_drafter else 'draft pool'}): N {n}, k {k}, "
+          f"accept rate {accept_rate:.3f}; chi-square {stat:.1f} on "
           f"{df} df, p = {p_value:.3g} (critical {crit:.1f}); lam90 {lam90:.0f}; "
           f"'accept every draft' would have lam {lam_accept_all:.0f}")
     assert lam_accept_all > 10 * lam90, "the draft is too close to the target to test anything"
