@@ -231,6 +231,10 @@ SamplingParams ParamsFromProto(const v1::SamplingParams& p) {
   out.dry_sequence_breakers.assign(p.dry_sequence_breakers().begin(),
                                    p.dry_sequence_breakers().end());
   out.dry_range = p.dry_range();
+  out.top_n_sigma = p.top_n_sigma();
+  out.xtc_probability = p.xtc_probability();
+  if (p.has_xtc_threshold()) out.xtc_threshold = p.xtc_threshold();
+  out.logprobs_mode = static_cast<int32_t>(p.logprobs_mode());  // checked by NormalizeParams
   return out;
 }
 

@@ -169,6 +169,8 @@ absl::StatusOr<StepResult> CpuBackend::Sample(const StepPlan& plan) {
     options.force_top_n = step.force_top_n;
     options.mask = row.mask;
     options.field = field.c_str();
+    if (request.params.xtc_probability > 0.0f) options.xtc_u = XtcUniform(request.seed, row.position);
+    options.keep_raw = request.params.raw_logprobs;
     // SPEC 3 steps 2b-d and 3 against the row's history (a DECODE row j's includes the drafts
     // of rows 0..j-1).
     const std::shared_ptr<const std::vector<TokenUpdate>> updates =
@@ -211,8 +213,16 @@ absl::StatusOr<StepResult> CpuBackend::Sample(const StepPlan& plan) {
       out.token = proc.Draw(
           UniformDouble(request.seed, SequenceNumber(row.position, DrawCase::kFresh)));
     }
-    out.logprob = proc.Logprob(out.token);
-    if (request.params.top_logprobs > 0) proc.Top(request.params.top_logprobs, &out.top);
+    // SPEC 7: what is reported (processed or raw); the draw and the pool row are processed.
+    const bool raw = request.params.raw_logprobs;
+    out.logprob = raw ? proc.RawLogprob(out.token) : proc.Logprob(out.token);
+    if (request.params.top_logprobs > 0) {
+      if (raw) {
+        proc.RawTop(request.params.top_logprobs, &out.top);
+      } else {
+        proc.Top(request.params.top_logprobs, &out.top);
+      }
+    }
     if (step.compute_sum_smaller_probs) out.sum_smaller = proc.SumSmallerProbs(out.token);
 
     if (step.kind == StepKind::kDraft) {
@@ -251,11 +261,14 @@ absl::StatusOr<StepResult> CpuBackend::Sample(const StepPlan& plan) {
         options.params = &plan.requests[task.request].params;
         options.vocab_size = step.vocab_size;
         options.prompt_mode = true;
+        options.keep_raw = options.params->raw_logprobs;
         options.field = fields[task.request].c_str();
         RowProcessor& proc = workers_[w]->processor;
         statuses[c] = proc.Process(step.logits, inputs.prompt_first_row + task.index, options);
         if (statuses[c].ok()) {
-          prompt_logprobs[task.request][task.index] = proc.Logprob(inputs.prompt_targets[task.index]);
+          const int32_t target = inputs.prompt_targets[task.index];
+          prompt_logprobs[task.request][task.index] =
+              options.keep_raw ? proc.RawLogprob(target) : proc.Logprob(target);
         }
       });
       for (size_t c = 0; c < count; ++c) {

@@ -55,6 +55,10 @@ struct NormalizedParams {
   float frequency_penalty = 0.0f;
   int32_t top_logprobs = 0;
   uint64_t seq_seed = 0;     // as sent, or drawn by the server
+  float top_n_sigma = 0.0f;  // [0, 100]; 0 = off (and off below kSamplingEps temperature)
+  float xtc_probability = 0.0f;  // [0, 1]; 0 = off (likewise)
+  float xtc_threshold = 0.1f;    // [0, 1]
+  bool raw_logprobs = false;     // SPEC 7's RAW logprobs mode
   bool HasPenalties() const { return Penalties().on(); }
   PenaltySettings Penalties() const {
     return PenaltySettings{repetition_penalty, presence_penalty, frequency_penalty};

@@ -21,6 +21,13 @@ ReferenceRow ReferenceProcess(const std::vector<float>& raw, const NormalizedPar
     if (std::isnan(raw[t]) || raw[t] == std::numeric_limits<float>::infinity()) return out;
     x[t] = raw[t];
   }
+  {
+    const double m = *std::max_element(x.begin(), x.end());
+    double z = 0.0;
+    for (int32_t t = 0; t < V; ++t) z += std::exp(x[t] - m);
+    out.raw_logprobs.resize(V);
+    for (int32_t t = 0; t < V; ++t) out.raw_logprobs[t] = x[t] - m - std::log(z);
+  }
   if (!options.prompt_mode) {
     if (options.mask != nullptr) {
       for (int32_t t = 0; t < V; ++t) {
@@ -81,6 +88,31 @@ ReferenceRow ReferenceProcess(const std::vector<float>& raw, const NormalizedPar
       std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return x[a] > x[b]; });
       for (int32_t r = options.force_top_n; r < V; ++r) x[ids[r]] = -kInf;
     }
+    if (params.top_n_sigma > 0.0f) {
+      // Top-nσ over the finite values (population sigma), float64.
+      double m = -kInf, sum = 0.0;
+      int64_t n = 0;
+      for (int32_t t = 0; t < V; ++t) {
+        if (x[t] == -kInf) continue;
+        m = std::max(m, x[t]);
+        sum += x[t];
+        ++n;
+      }
+      if (n > 0) {
+        const double mean = sum / n;
+        double var = 0.0;
+        for (int32_t t = 0; t < V; ++t) {
+          if (x[t] != -kInf) var += (x[t] - mean) * (x[t] - mean);
+        }
+        const double bound = m - params.top_n_sigma * std::sqrt(var / n);
+        for (int32_t t = 0; t < V; ++t) {
+          if (x[t] == -kInf) continue;
+          out.sigma_margin =
+              std::min(out.sigma_margin, std::fabs(x[t] - bound) / std::max(1.0, std::fabs(m)));
+          if (x[t] < bound) x[t] = -kInf;
+        }
+      }
+    }
   }
   // Temperature: the contract divides float32 logits by a float32 temperature.
   for (int32_t t = 0; t < V; ++t) {
@@ -126,6 +158,24 @@ ReferenceRow ReferenceProcess(const std::vector<float>& raw, const NormalizedPar
   for (int32_t t = 0; t < V; ++t) {
     if (keep[t]) kept_z += std::exp(x[t] - max);
   }
+  if (!options.prompt_mode && options.xtc_u < params.xtc_probability) {
+    // XTC: the kept tokens with p >= threshold, in the draw's order; all but the last go.
+    std::vector<int32_t> top;
+    for (int32_t r = 0; r < V; ++r) {
+      const int32_t t = ids[r];
+      if (!keep[t]) continue;
+      const double pk = std::exp(x[t] - max) / kept_z;
+      out.xtc_margin = std::min(out.xtc_margin, std::fabs(pk - params.xtc_threshold));
+      if (pk >= params.xtc_threshold) top.push_back(t);
+    }
+    if (top.size() >= 2) {
+      for (size_t i = 0; i + 1 < top.size(); ++i) keep[top[i]] = false;
+      kept_z = 0.0;
+      for (int32_t t = 0; t < V; ++t) {
+        if (keep[t]) kept_z += std::exp(x[t] - max);
+      }
+    }
+  }
   out.logprobs.assign(V, -kInf);
   out.probs.assign(V, 0.0);
   for (int32_t t = 0; t < V; ++t) {
@@ -161,6 +211,20 @@ std::vector<std::pair<int32_t, double>> ReferenceTop(const ReferenceRow& row, in
   std::vector<std::pair<int32_t, double>> out(n, {-1, -kInf});
   for (int32_t i = 0; i < n && i < static_cast<int32_t>(row.order.size()); ++i) {
     out[i] = {row.order[i], row.logprobs[row.order[i]]};
+  }
+  return out;
+}
+
+std::vector<std::pair<int32_t, double>> ReferenceRawTop(const ReferenceRow& row, int32_t n) {
+  std::vector<int32_t> ids(row.raw_logprobs.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) {
+    return row.raw_logprobs[a] > row.raw_logprobs[b];
+  });
+  std::vector<std::pair<int32_t, double>> out(n, {-1, -kInf});
+  for (int32_t i = 0; i < n && i < static_cast<int32_t>(ids.size()); ++i) {
+    if (row.raw_logprobs[ids[i]] == -kInf) break;
+    out[i] = {ids[i], row.raw_logprobs[ids[i]]};
   }
   return out;
 }

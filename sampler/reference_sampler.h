@@ -24,6 +24,8 @@ struct ReferenceOptions {
   // output_tokens is their history too.
   const SamplingParams* sent = nullptr;
   bool prompt_mode = false;
+  // XTC's uniform for the row (XtcUniform); 1 never removes anything.
+  double xtc_u = 1.0;
 };
 
 struct ReferenceRow {
@@ -35,6 +37,12 @@ struct ReferenceRow {
   // Smallest distance between top_p and a cumulative sum that decided a top-p cut: rows where
   // this is tiny may legitimately differ from a float32 implementation.
   double top_p_margin = 1.0;
+  // Top-nσ: the smallest |x - (M - n·σ)| / max(1, |M|) over the finite values (SPEC's boundary
+  // band is 1e-6); XTC: the smallest |p - xtc_threshold| over the kept tokens when it acted.
+  double sigma_margin = 1.0;
+  double xtc_margin = 1.0;
+  // SPEC 7's raw logprobs: log_softmax of the row as sent over columns < V.
+  std::vector<double> raw_logprobs;
 };
 
 ReferenceRow ReferenceProcess(const std::vector<float>& raw, const NormalizedParams& params,
@@ -45,6 +53,10 @@ int32_t ReferenceDraw(const ReferenceRow& row, double u, double* edge_distance =
 
 // SPEC 7: the n largest logprobs as (id, logprob), padded with (-1, -inf).
 std::vector<std::pair<int32_t, double>> ReferenceTop(const ReferenceRow& row, int32_t n);
+
+// SPEC 7's RAW top logprobs: the n largest raw logprobs (ties by lower id; -inf never listed),
+// padded with (-1, -inf).
+std::vector<std::pair<int32_t, double>> ReferenceRawTop(const ReferenceRow& row, int32_t n);
 
 // SPEC 7: sum_smaller_probs of `token`.
 double ReferenceSumSmaller(const ReferenceRow& row, int32_t token);

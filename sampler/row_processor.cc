@@ -94,11 +94,19 @@ absl::Status RowProcessor::Process(const LogitsView& logits, int32_t row,
   kept_sorted_ = false;
   kept_.clear();
   top_n_ids_.clear();
+  head_count_ = 0;
 
   // Step 1: padding columns (>= V) are never read, so never sampled.
   LoadRowAsFloat(logits, row, vocab, scores_.data());
   if (HasNanOrPosInf(scores_.data(), vocab)) {
     return NonFiniteLogitsError(options.field, row, vocab);
+  }
+  if (options.keep_raw) {
+    raw_.assign(scores_.begin(), scores_.end());
+    raw_max_ = RowMax(raw_.data(), vocab);
+    // weights_ is scratch until ExpShiftAndSum below.
+    raw_log_sum_ = std::log(ExpShiftAndSum(raw_.data(), vocab, static_cast<float>(raw_max_),
+                                           weights_.data()));
   }
   if (!options.prompt_mode) {
     if (options.mask != nullptr) ApplyMask(options.mask);                    // step 2
@@ -109,6 +117,7 @@ absl::Status RowProcessor::Process(const LogitsView& logits, int32_t row,
     if (options.force_top_n > 0 && options.force_top_n < vocab) {
       ApplyForceTopN(options.force_top_n);                                   // step 4
     }
+    if (params.top_n_sigma > 0.0f) ApplyTopNSigma(params.top_n_sigma);      // step 4
   }
   if (params.temperature != 1.0f &&                                          // step 5
       DivideInPlace(scores_.data(), vocab, params.temperature)) {
@@ -130,18 +139,91 @@ absl::Status RowProcessor::Process(const LogitsView& logits, int32_t row,
     ApplyTopPTopK(params.top_p, params.top_k);                               // steps 6, 7
   }
   if (!options.prompt_mode && params.min_p > 0.0f) ApplyMinP(params.min_p);  // step 8
-
-  if (kept_sorted_) {
-    kept_sum_ = 0.0;
-    for (int32_t t : kept_) kept_sum_ += weights_[t];
-  } else if (cut_token_ >= 0) {
-    kept_sum_ = 0.0;
-    for (int32_t t = 0; t < vocab; ++t) {
-      if (Kept(t)) kept_sum_ += weights_[t];
-    }
+  SumKept();
+  if (!options.prompt_mode && options.xtc_u < params.xtc_probability) {     // step 8: XTC
+    ApplyXtc(params.xtc_threshold);
+    SumKept();
   }
   log_kept_sum_ = std::log(kept_sum_);                                      // step 9
   return absl::OkStatus();
+}
+
+void RowProcessor::SumKept() {
+  if (kept_sorted_) {
+    kept_sum_ = 0.0;
+    for (int32_t t : kept_) kept_sum_ += weights_[t];
+  } else if (cut_token_ >= 0 || head_count_ > 0) {
+    kept_sum_ = 0.0;
+    for (int32_t t = 0; t < vocab_size_; ++t) {
+      if (Kept(t)) kept_sum_ += weights_[t];
+    }
+  }
+}
+
+void RowProcessor::ApplyTopNSigma(float n) {
+  // M, mu and sigma (population) of the finite values, in float64, two passes; NaN and +inf
+  // were refused and -inf are the removed tokens.
+  const int32_t vocab = vocab_size_;
+  double max = -std::numeric_limits<double>::infinity(), sum = 0.0;
+  int64_t count = 0;
+  for (int32_t t = 0; t < vocab; ++t) {
+    const float x = scores_[t];
+    if (x == kNegInf) continue;
+    max = std::max(max, static_cast<double>(x));
+    sum += x;
+    ++count;
+  }
+  if (count == 0) return;
+  const double mean = sum / static_cast<double>(count);
+  double squares = 0.0;
+  for (int32_t t = 0; t < vocab; ++t) {
+    if (scores_[t] == kNegInf) continue;
+    const double d = scores_[t] - mean;
+    squares += d * d;
+  }
+  const double bound = max - static_cast<double>(n) * std::sqrt(squares / static_cast<double>(count));
+  for (int32_t t = 0; t < vocab; ++t) {
+    if (static_cast<double>(scores_[t]) < bound) scores_[t] = kNegInf;  // never the max
+  }
+}
+
+void RowProcessor::ApplyXtc(float threshold) {
+  // The kept tokens with p >= threshold, best first: a prefix of the kept order (p grows with
+  // the score), so the sorted kept set's front, or found by a pass and sorted.
+  const double limit = static_cast<double>(threshold);
+  std::vector<int32_t>& top = ids_;
+  top.clear();
+  if (kept_sorted_) {
+    for (int32_t t : kept_) {
+      if (static_cast<double>(weights_[t]) / kept_sum_ < limit) break;
+      top.push_back(t);
+    }
+  } else {
+    for (int32_t t = 0; t < vocab_size_; ++t) {
+      if (Kept(t) && static_cast<double>(weights_[t]) / kept_sum_ >= limit) top.push_back(t);
+    }
+    SortByScore(scores_.data(), &top);
+  }
+  if (top.size() < 2) return;
+  // Every one of them but the last (the least likely; among equals the highest id) goes.
+  const size_t removed = top.size() - 1;
+  head_count_ = static_cast<int64_t>(removed);
+  head_score_ = scores_[top[removed - 1]];
+  head_token_ = top[removed - 1];
+  if (kept_sorted_) kept_.erase(kept_.begin(), kept_.begin() + static_cast<ptrdiff_t>(removed));
+}
+
+void RowProcessor::RawTop(int32_t n, TopLogprobs* out) const {
+  out->token_ids.assign(n, -1);
+  out->logprobs.assign(n, kNegInf);
+  if (n <= 0) return;
+  SelectTopK(raw_.data(), vocab_size_, n, &ids_);
+  for (size_t i = 0; i < ids_.size() && static_cast<int32_t>(i) < n; ++i) {
+    const int32_t t = ids_[i];
+    if (raw_[t] == kNegInf) break;
+    out->token_ids[i] = t;
+    out->logprobs[i] = RawLogprob(t);
+  }
 }
 
 void RowProcessor::ApplyMask(const unsigned char* mask) {
@@ -330,13 +412,16 @@ void RowProcessor::Top(int32_t n, TopLogprobs* out) const {
   out->logprobs.assign(n, kNegInf);
   if (n <= 0) return;
   const std::vector<int32_t>* best = &kept_;
+  size_t skip = 0;  // XTC's removed head, ahead of the kept tokens in the score order
   if (!kept_sorted_) {
-    SelectTopK(scores_.data(), vocab_size_, n, &ids_);
+    skip = static_cast<size_t>(head_count_);
+    SelectTopK(scores_.data(), vocab_size_, n + static_cast<int32_t>(skip), &ids_);
     best = &ids_;
   }
-  const int32_t count = std::min<int32_t>(n, static_cast<int32_t>(best->size()));
+  const int32_t count =
+      std::min<int32_t>(n, static_cast<int32_t>(best->size()) - static_cast<int32_t>(skip));
   for (int32_t i = 0; i < count; ++i) {
-    const int32_t t = (*best)[i];
+    const int32_t t = (*best)[skip + i];
     if (!Kept(t)) break;  // the kept set is a prefix of this order
     out->token_ids[i] = t;
     out->logprobs[i] = Logprob(t);

@@ -42,6 +42,11 @@ struct RowOptions {
   // Prompt logprobs use steps 1, 5, 6 and 7 only (no mask, adjustments, penalties, force
   // top-N or min-p).
   bool prompt_mode = false;
+  // XTC's uniform for this row (XtcUniform, spec_rules.h): the row removes its top choices
+  // when it is < the request's xtc_probability. 1 (the default) never does.
+  double xtc_u = 1.0;
+  // Keep the raw row for RawLogprob / RawTop (SPEC 7's RAW logprobs mode).
+  bool keep_raw = false;
   // Field named in row errors, e.g. "requests[2] row 7".
   const char* field = "";
 };
@@ -68,6 +73,9 @@ class RowProcessor {
   bool Kept(int32_t token) const {
     if (token < 0 || token >= vocab_size_) return false;
     const float s = scores_[token];
+    if (head_count_ > 0 && (s > head_score_ || (s == head_score_ && token <= head_token_))) {
+      return false;  // removed by XTC
+    }
     return s > cut_score_ || (s == cut_score_ && token <= cut_token_);
   }
   // Processed logprob of `token`: -inf when removed.
@@ -79,6 +87,14 @@ class RowProcessor {
   double Probability(int32_t token) const {
     return Kept(token) ? static_cast<double>(weights_[token]) / kept_sum_ : 0.0;
   }
+
+  // SPEC 7's RAW mode (RowOptions::keep_raw): the raw row's log_softmax at `token` (columns
+  // < V, before any step of SPEC 3), and its n largest entries, descending, ties by lower id,
+  // padded with (-1, -inf) (a token whose raw logit is -inf is never listed).
+  float RawLogprob(int32_t token) const {
+    return static_cast<float>(static_cast<double>(raw_[token]) - raw_max_ - raw_log_sum_);
+  }
+  void RawTop(int32_t n, TopLogprobs* out) const;
 
   // SPEC 5: the kept token whose cumulative probability (descending order, ties by lower id)
   // first exceeds u; the last kept token if rounding leaves none. u in [0, 1). The order is
@@ -114,6 +130,11 @@ class RowProcessor {
   // Top-p then top-k on the order; sets the cut and the sorted kept prefix.
   void ApplyTopPTopK(float top_p, int32_t top_k);
   void ApplyMinP(float min_p);
+  // SPEC 3 step 4's top-nσ on the values before temperature.
+  void ApplyTopNSigma(float n);
+  // SPEC 3 step 8's XTC removal (its draw already made); kept_sum_ must be current.
+  void ApplyXtc(float threshold);
+  void SumKept();
   // Ids of the finite tokens whose cumulative weight in score order first exceeds `mass`,
   // plus every token ranked before them; sorted. May return all finite tokens.
   void PrefixByMass(double mass, std::vector<int32_t>* out) const;
@@ -136,6 +157,14 @@ class RowProcessor {
   // When the kept set was materialised (top-p or top-k active): it, sorted best first.
   bool kept_sorted_ = false;
   std::vector<int32_t> kept_;
+  // XTC's removal: the head_count_ tokens ranked at or before (head_score_, head_token_).
+  int64_t head_count_ = 0;
+  float head_score_ = 0.0f;
+  int32_t head_token_ = 0;
+  // RAW mode: the row as sent (columns < V), its max and log of sum(exp(x - max)).
+  std::vector<float> raw_;
+  double raw_max_ = 0.0;
+  double raw_log_sum_ = 0.0;
 };
 
 }  // namespace samplerd

@@ -34,6 +34,9 @@ enum class DrawCase : uint64_t {
 inline constexpr uint64_t kDecodeRowPositionStride = 10000019ULL;
 // Offset of the draft model's seed domain (tag "mtp").
 inline constexpr uint64_t kDraftSeedOffset = 1000000007ULL;
+// XTC's draw (SPEC 3 step 8) has a seed domain of its own: U(seed + this, position), with the
+// seed and position of the row's fresh draw.
+inline constexpr uint64_t kXtcSeedOffset = 3000000019ULL;
 
 // Not SPEC's but this implementation's, shared by the request check (validate.cc) and the
 // kernels: the longest top-N draft row a worker may send in device memory (issue 47). The
@@ -52,6 +55,12 @@ SAMPLERD_SPEC_FN double UniformDouble(uint64_t seed, uint64_t seq) {
 // seq = 3 * position + case, modulo 2^64.
 SAMPLERD_SPEC_FN uint64_t SequenceNumber(uint64_t position, DrawCase draw_case) {
   return 3 * position + static_cast<uint64_t>(draw_case);
+}
+
+// XTC's uniform for a row whose fresh draw is U(seed, 3 * position): U(seed + kXtcSeedOffset,
+// position) (SPEC 3 step 8; the row removes its top choices when this is < xtc_probability).
+SAMPLERD_SPEC_FN double XtcUniform(uint64_t seed, uint64_t position) {
+  return UniformDouble(seed + kXtcSeedOffset, position);
 }
 
 // Position of row `local_step` of a DECODE request whose sample_position is `sample_position`.

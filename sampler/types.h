@@ -75,6 +75,13 @@ struct SamplingParams {
   std::optional<int32_t> dry_allowed_length;   // absent = 2
   std::vector<int32_t> dry_sequence_breakers;
   int32_t dry_range = 0;                       // 0 = the whole context
+  // Top-nσ (SPEC 3 step 4) and XTC (step 8): off while 0.
+  float top_n_sigma = 0.0f;
+  float xtc_probability = 0.0f;
+  std::optional<float> xtc_threshold;          // absent = 0.1
+  // SPEC 7: 0 = processed logprobs, 1 = raw (the row's log_softmax as sent); as the proto's
+  // LogprobsMode, other values refused by NormalizeParams.
+  int32_t logprobs_mode = 0;
 };
 
 // Draft distributions sent with a DECODE request (SPEC section 6).

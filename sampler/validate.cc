@@ -612,12 +612,36 @@ absl::StatusOr<NormalizedParams> NormalizeParams(const SamplingParams& params,
     out.top_logprobs = n;
   }
   if (params.seq_seed) out.seq_seed = *params.seq_seed;
+  if (!(params.top_n_sigma >= 0.0f && params.top_n_sigma <= 100.0f)) {
+    return FieldError(field + ".top_n_sigma",
+                      absl::StrCat(params.top_n_sigma, " is outside [0, 100]"));
+  }
+  out.top_n_sigma = params.top_n_sigma;
+  if (!(params.xtc_probability >= 0.0f && params.xtc_probability <= 1.0f)) {
+    return FieldError(field + ".xtc_probability",
+                      absl::StrCat(params.xtc_probability, " is outside [0, 1]"));
+  }
+  out.xtc_probability = params.xtc_probability;
+  if (params.xtc_threshold) {
+    const float v = *params.xtc_threshold;
+    if (!(v >= 0.0f && v <= 1.0f)) {
+      return FieldError(field + ".xtc_threshold", absl::StrCat(v, " is outside [0, 1]"));
+    }
+    out.xtc_threshold = v;
+  }
+  if (params.logprobs_mode != 0 && params.logprobs_mode != 1) {
+    return FieldError(field + ".logprobs_mode",
+                      absl::StrCat(params.logprobs_mode, " is not PROCESSED (0) or RAW (1)"));
+  }
+  out.raw_logprobs = params.logprobs_mode == 1;
   // SPEC section 2: a near-zero temperature becomes SAMPLING_EPS and turns the filters off.
   if (out.temperature < kSamplingEps) {
     out.temperature = kSamplingEps;
     out.top_p = 1.0f;
     out.top_k = -1;
     out.min_p = 0.0f;
+    out.top_n_sigma = 0.0f;
+    out.xtc_probability = 0.0f;
   }
   return out;
 }

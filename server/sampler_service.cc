@@ -559,7 +559,16 @@ grpc::Status SamplerService::GetServerInfo(grpc::ServerContext*, const v1::GetSe
     response->add_features(feature);
   }
   if (info.mps) response->add_features("mps");
-  if (info.name == "cuda") response->add_features("step_output");  // tokens into GPU memory
+  if (info.name == "cpu") {
+    // Issue 50's filters and raw logprobs: the CPU backend's so far.
+    for (const char* feature : {"top_n_sigma", "xtc", "raw_logprobs"}) {
+      response->add_features(feature);
+    }
+  }
+  if (info.name == "cuda") {
+    response->add_features("step_output");    // tokens into GPU memory
+    response->add_features("device_drafts");  // draft tensors read in place (issue 47)
+  }
   if (groups_.available()) {
     response->add_features("cp_groups");
     response->add_features("nccl_logits");

@@ -248,6 +248,10 @@ TEST_F(ServerE2E, TokenAdjustmentsThroughGrpc) {
   EXPECT_THAT(info->features(), ::testing::Contains("token_adjustments"));
   EXPECT_THAT(info->features(), ::testing::IsSupersetOf({"request_batch", "packed_results"}));
   EXPECT_THAT(info->features(), ::testing::Not(::testing::Contains("step_output")));  // CPU
+  EXPECT_THAT(info->features(), ::testing::Not(::testing::Contains("device_drafts")));
+  EXPECT_THAT(info->features(), ::testing::Contains("top_n_sigma"));
+  EXPECT_THAT(info->features(), ::testing::Contains("xtc"));
+  EXPECT_THAT(info->features(), ::testing::Contains("raw_logprobs"));
 
   v1::SampleRequest step = SmallStep(11, 4);
   auto* requests = step.mutable_inputs()->mutable_requests();

@@ -17,7 +17,8 @@ from .shm import ShmRegion
 
 _SCALAR_PARAMS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                   "presence_penalty", "frequency_penalty", "top_logprobs", "dry_multiplier",
-                  "dry_base", "dry_allowed_length", "dry_range")
+                  "dry_base", "dry_allowed_length", "dry_range", "top_n_sigma",
+                  "xtc_probability", "xtc_threshold")
 
 
 @dataclass
@@ -33,7 +34,12 @@ class SamplingParams:
 
     DRY (SPEC 3 step 3, as llama.cpp and text-generation-webui define it): `dry_multiplier`
     (0 = off), `dry_base` (1.75), `dry_allowed_length` (2), `dry_sequence_breakers` (token
-    ids), `dry_range` (0 = the whole context); None = the server's default."""
+    ids), `dry_range` (0 = the whole context); None = the server's default.
+
+    Filters from llama.cpp (SPEC 3 steps 4 and 8): `top_n_sigma` (keep logits >= max - n·σ;
+    0 = off), XTC's `xtc_probability` (0 = off) and `xtc_threshold` (0.1). `logprobs_mode`:
+    "processed" (the default: what the row samples from) or "raw" (the logits' log_softmax as
+    sent, vLLM's raw logprobs: what a trainer compares against)."""
 
     temperature: Optional[float] = None
     top_p: Optional[float] = None
@@ -54,6 +60,10 @@ class SamplingParams:
     dry_allowed_length: Optional[int] = None
     dry_sequence_breakers: Sequence[int] = ()
     dry_range: Optional[int] = None
+    top_n_sigma: Optional[float] = None
+    xtc_probability: Optional[float] = None
+    xtc_threshold: Optional[float] = None
+    logprobs_mode: Optional[str] = None
 
     def __setattr__(self, name, value):
         object.__setattr__(self, name, value)
@@ -83,6 +93,12 @@ class SamplingParams:
                 setattr(msg, name, value)
         if self.seed is not None:
             msg.seq_seed = self.seed
+        if self.logprobs_mode is not None:
+            modes = {"processed": pb.LOGPROBS_MODE_PROCESSED, "raw": pb.LOGPROBS_MODE_RAW}
+            if self.logprobs_mode not in modes:
+                raise ValueError(f"logprobs_mode: {self.logprobs_mode!r} is not 'processed' or "
+                                 "'raw'")
+            msg.logprobs_mode = modes[self.logprobs_mode]
         if self.allowed_token_ids:
             msg.allowed_token_ids.extend(int(t) for t in self.allowed_token_ids)
         for word in self.bad_words:

@@ -229,6 +229,33 @@ def test_decode_with_top_n_drafts_answers_as_the_same_dense_drafts(client):
     np.testing.assert_array_equal(top.logprobs, whole.logprobs)
 
 
+def test_top_n_sigma_xtc_and_raw_logprobs(client):
+    """SPEC 3 step 4's and step 8's worked examples through the client, and RAW logprobs equal
+    to numpy's log_softmax of the logits as sent while the draw stays processed."""
+    x = np.array([[4, 2, 2, 0]], dtype=np.float32)
+    r = client.sample(x, [Prefill("s", row=0, params=SamplingParams(
+        top_n_sigma=1.0, top_logprobs=4, seed=1))])["s"]
+    assert r.top_token_ids[0].tolist() == [0, -1, -1, -1]
+    p = np.log(np.array([[0.5, 0.3, 0.15, 0.05]], dtype=np.float32))
+    r = client.sample(p, [Prefill("x", row=0, params=SamplingParams(
+        xtc_probability=1.0, xtc_threshold=0.1, top_logprobs=4, seed=1))])["x"]
+    assert r.top_token_ids[0].tolist() == [2, 3, -1, -1]
+    np.testing.assert_allclose(r.top_logprobs[0][:2], np.log([0.75, 0.25]), atol=1e-6)
+    y = logits(8)
+    params = dict(temperature=0.5, top_k=3, top_logprobs=5)
+    raw = client.sample(y, prefill(**params, logprobs_mode="raw"))
+    processed = client.sample(y, prefill(**params))
+    ref = log_softmax(y)
+    for i, (a, b) in enumerate(zip(raw, processed)):
+        assert a.token_ids.tolist() == b.token_ids.tolist()
+        order = np.argsort(-y[i], kind="stable")[:5]
+        assert a.top_token_ids[0].tolist() == order.tolist()
+        np.testing.assert_allclose(a.top_logprobs[0], ref[i][order], atol=1e-5)
+        np.testing.assert_allclose(a.logprobs, ref[i][a.token_ids], atol=1e-5)
+    with pytest.raises(ValueError):
+        client.build(y, prefill(logprobs_mode="log"))
+
+
 def test_example_decode_loop_runs(server):
     example = pathlib.Path(__file__).resolve().parents[3] / "examples" / "decode_loop.py"
     lines = [l for l in example.read_text().splitlines() if l.strip() and not l.lstrip().startswith("#")]

@@ -137,6 +137,29 @@ def test_logprobs_match_transformers_processors(client, model):
     print(f"\nlogprobs: 2 sequences x 12 tokens x (token + top-5), largest difference {worst:.2e}")
 
 
+def test_raw_logprobs_are_the_models_own_log_softmax(client, model):
+    """logprobs_mode="raw" (SPEC 7): every reported logprob is torch.log_softmax of the model's
+    own logits as sent, whatever the penalties, temperature, top-k, top-nσ and XTC did to the
+    distribution the tokens are drawn from (what an RL rollout compares with its trainer)."""
+    prompts = [[1, 7, 7, 9, 7], [4, 4, 4]]
+    params = [samplerd.SamplingParams(temperature=0.8, top_k=8, repetition_penalty=1.3,
+                                      top_n_sigma=1.5, xtc_probability=0.5, top_logprobs=5,
+                                      logprobs_mode="raw", seed=s) for s in (1, 2)]
+    worst = 0.0
+    for prompt, gen in zip(prompts, generate(client, model, prompts, params, 12)):
+        full = torch.tensor([prompt + gen.tokens])
+        with torch.no_grad():
+            logits = model(input_ids=full).logits[0].float()
+        for n, token in enumerate(gen.tokens):
+            expected = torch.log_softmax(logits[len(prompt) + n - 1], dim=-1)
+            top = expected.topk(5)
+            np.testing.assert_array_equal(gen.top_ids[n], top.indices.numpy())
+            np.testing.assert_allclose(gen.top_logprobs[n], top.values.numpy(), atol=1e-4)
+            np.testing.assert_allclose(gen.logprobs[n], expected[token].item(), atol=1e-4)
+            worst = max(worst, abs(gen.logprobs[n] - expected[token].item()))
+    print(f"\nraw logprobs: 2 sequences x 12 tokens, largest difference {worst:.2e}")
+
+
 def chi_square_sf(x, df):
     return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
                                          torch.tensor(x / 2, dtype=torch.float64)))
