@@ -15,29 +15,25 @@ done
 for pkg in bench fuzz tests; do
   grep -q 'default_visibility' "$pkg/BUILD.bazel" && bad "$pkg/BUILD.bazel sets a default visibility"
 done
-# Who may include whom (tests of a package may reach higher: *_test.cc are skipped).
-check() {  # check DIR PATTERN: no non-test source under DIR includes PATTERN
+# forbid DIR WHAT: no non-test source under DIR has an `#include WHAT...` line (WHAT an
+# extended regex; tests of a package may reach higher: *_test.cc are skipped).
+forbid() {
   local hits
-  hits=$(grep -RlE "#include \"($2)/" "$1" --include='*.h' --include='*.cc' --include='*.cuh' --include='*.cu' |
+  hits=$(grep -RlE "#include $2" "$1" --include='*.h' --include='*.cc' --include='*.cuh' --include='*.cu' |
          grep -v '_test\.cc$' || true)
   [[ -z $hits ]] || bad "$1 includes $2: $hits"
 }
-check sampler 'pipeline|cuda|server|client'
-check pipeline 'cuda|server|client'
-check cuda 'pipeline|server|client'
-check server 'client'
+# Who may include whom.
+forbid sampler '"(pipeline|cuda|server|client)/'
+forbid pipeline '"(cuda|server|client)/'
+forbid cuda '"(pipeline|server|client)/'
+forbid server '"client/'
 # Outside libraries a layer must not reach (issue 48): the core (sampler/) includes no gRPC,
 # protobuf, generated protos, CUDA or NCCL header; pipeline/ no gRPC, CUDA or NCCL; cuda/ no
 # gRPC or protos. (Bazel's visibility refuses the targets; system headers need this check.)
-check_lib() {  # check_lib DIR PATTERN: no non-test source under DIR includes <PATTERN or "PATTERN
-  local hits
-  hits=$(grep -RlE "#include [<\"]($2)" "$1" --include='*.h' --include='*.cc' --include='*.cuh' --include='*.cu' |
-         grep -v '_test\.cc$' || true)
-  [[ -z $hits ]] || bad "$1 includes $2: $hits"
-}
-check_lib sampler 'grpc|grpcpp|google/protobuf|samplerd/v1|cuda|nccl|openssl'
-check_lib pipeline 'grpc|grpcpp|cuda|nccl|openssl'
-check_lib cuda 'grpc|grpcpp|google/protobuf|samplerd/v1'
+forbid sampler '[<"](grpc|grpcpp|google/protobuf|samplerd/v1|cuda|nccl|openssl)'
+forbid pipeline '[<"](grpc|grpcpp|cuda|nccl|openssl)'
+forbid cuda '[<"](grpc|grpcpp|google/protobuf|samplerd/v1)'
 for f in client/sampler_client.h client/sampler_client.cc client/shm_buffer.h client/shm_buffer.cc; do
   own=$(grep -oE '#include "[a-z_]+/' "$f" | grep -vE '"(absl|grpc|grpcpp|google|samplerd|client)/' || true)
   [[ -z $own ]] || bad "$f includes samplerd code outside the client library: $own"
