@@ -131,36 +131,52 @@ class Mode:
         pass
 
 
+class HostCopies:
+    """Device results to the host as each loop reads them: sync, at once (the host waits for
+    this step); async, into pinned buffers, the host waiting only for the previous step's."""
+
+    def __init__(self, *shapes):
+        self.host = [torch.empty(shape, dtype=dtype, pin_memory=True) for shape, dtype in shapes]
+        self.events = [torch.cuda.Event(), torch.cuda.Event()]
+        self.n = 0
+
+    def read(self, loop, *tensors):
+        if loop == "sync":
+            for t in tensors:
+                t.cpu()
+            return
+        for host, t in zip(self.host, tensors):
+            host.copy_(t, non_blocking=True)
+        self.events[self.n % 2].record()
+        if self.n:
+            self.events[(self.n - 1) % 2].synchronize()
+        self.n += 1
+
+    def reset(self):
+        torch.cuda.synchronize()
+        self.n = 0
+
+
 class Alone(Mode):
     """The model, and the host reading a token tensor it did not sample."""
 
     def __init__(self, model, B, loop):
         super().__init__(model, B, loop)
         self.fixed = torch.arange(B, device="cuda")
-        self.host = torch.empty(B, dtype=torch.long, pin_memory=True)
-        self.events = [torch.cuda.Event(), torch.cuda.Event()]
-        self.n = 0
+        self.copies = HostCopies(((B,), torch.long))
 
     def step(self, tokens, timed):
         t0 = time.perf_counter()
         self.model(tokens, out=self.model.logits)
         t1 = time.perf_counter()
-        if self.loop == "sync":
-            self.fixed.cpu()
-        else:
-            self.host.copy_(self.fixed, non_blocking=True)
-            self.events[self.n % 2].record()
-            if self.n:
-                self.events[(self.n - 1) % 2].synchronize()
-            self.n += 1
+        self.copies.read(self.loop, self.fixed)
         if timed:
             self.part("host forward", t1 - t0)
             self.part("wait for the GPU", time.perf_counter() - t1)
         return self.fixed
 
     def close(self):
-        torch.cuda.synchronize()
-        self.n = 0
+        self.copies.reset()
 
 
 class InProcess(Mode):
@@ -169,34 +185,21 @@ class InProcess(Mode):
     def __init__(self, model, B, loop):
         super().__init__(model, B, loop)
         self.gen = torch.Generator(device="cuda").manual_seed(0)
-        self.host_t = torch.empty(B, dtype=torch.long, pin_memory=True)
-        self.host_lp = torch.empty(B, 5, dtype=torch.float32, pin_memory=True)
-        self.events = [torch.cuda.Event(), torch.cuda.Event()]
-        self.n = 0
+        self.copies = HostCopies(((B,), torch.long), ((B, 5), torch.float32))
 
     def step(self, tokens, timed):
         t0 = time.perf_counter()
         logits = self.model(tokens, out=self.model.logits)
         t, lp, _ = torch_sample(logits, self.gen)
         t1 = time.perf_counter()
-        if self.loop == "sync":
-            t.cpu()
-            lp.cpu()
-        else:
-            self.host_t.copy_(t, non_blocking=True)
-            self.host_lp.copy_(lp, non_blocking=True)
-            self.events[self.n % 2].record()
-            if self.n:
-                self.events[(self.n - 1) % 2].synchronize()
-            self.n += 1
+        self.copies.read(self.loop, t, lp)
         if timed:
             self.part("host forward+sample", t1 - t0)
             self.part("wait for the GPU", time.perf_counter() - t1)
         return t
 
     def close(self):
-        torch.cuda.synchronize()
-        self.n = 0
+        self.copies.reset()
 
 
 class WithSamplerd(Mode):
