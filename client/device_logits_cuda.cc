@@ -7,23 +7,49 @@
 #include "cuda/cuda_status.h"
 
 namespace samplerd {
+namespace {
+
+// `bytes` of device memory on `device` into *data (freed by the owner's destructor, also on
+// a later error), set from `host` (null: zeros), and its CUDA IPC handle's bytes.
+absl::Status AllocShared(int device, size_t bytes, const void* host, void** data,
+                         std::string* handle) {
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) return CudaStatus(e, "cudaSetDevice");
+  if (cudaError_t e = cudaMalloc(data, bytes); e != cudaSuccess) return CudaStatus(e, "cudaMalloc");
+  const cudaError_t set = host != nullptr
+                              ? cudaMemcpy(*data, host, bytes, cudaMemcpyHostToDevice)
+                              : cudaMemset(*data, 0, bytes);
+  if (set != cudaSuccess) return CudaStatus(set, host != nullptr ? "cudaMemcpy" : "cudaMemset");
+  cudaIpcMemHandle_t ipc;
+  if (cudaError_t e = cudaIpcGetMemHandle(&ipc, *data); e != cudaSuccess) {
+    return CudaStatus(e, "cudaIpcGetMemHandle");
+  }
+  handle->assign(reinterpret_cast<const char*>(&ipc), sizeof(ipc));
+  return absl::OkStatus();
+}
+
+// The RegisterBuffer request of such an allocation.
+v1::RegisterBufferRequest Registration(const std::string& name, const std::string& handle,
+                                       int device, int64_t bytes, bool output) {
+  v1::RegisterBufferRequest request;
+  request.set_name(name);
+  request.set_kind(v1::CUDA_IPC);
+  request.set_cuda_ipc_handle(handle);
+  request.set_device_id(device);
+  request.set_byte_size(bytes);
+  request.set_output(output);
+  return request;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<DeviceLogits>> DeviceLogits::Create(const void* host, size_t bytes,
                                                                    int device) {
-  auto fail = [](const char* what, cudaError_t e) { return CudaStatus(e, what); };
   std::unique_ptr<DeviceLogits> out(new DeviceLogits());
   out->bytes_ = bytes;
   out->device_ = device;
-  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) return fail("cudaSetDevice", e);
-  if (cudaError_t e = cudaMalloc(&out->data_, bytes); e != cudaSuccess) return fail("cudaMalloc", e);
-  if (cudaError_t e = cudaMemcpy(out->data_, host, bytes, cudaMemcpyHostToDevice); e != cudaSuccess) {
-    return fail("cudaMemcpy", e);
+  if (absl::Status s = AllocShared(device, bytes, host, &out->data_, &out->handle_); !s.ok()) {
+    return s;
   }
-  cudaIpcMemHandle_t handle;
-  if (cudaError_t e = cudaIpcGetMemHandle(&handle, out->data_); e != cudaSuccess) {
-    return fail("cudaIpcGetMemHandle", e);
-  }
-  out->handle_.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
   return out;
 }
 
@@ -32,13 +58,7 @@ DeviceLogits::~DeviceLogits() {
 }
 
 v1::RegisterBufferRequest DeviceLogits::RegisterRequest(const std::string& name) const {
-  v1::RegisterBufferRequest request;
-  request.set_name(name);
-  request.set_kind(v1::CUDA_IPC);
-  request.set_cuda_ipc_handle(handle_);
-  request.set_device_id(device_);
-  request.set_byte_size(static_cast<int64_t>(bytes_));
-  return request;
+  return Registration(name, handle_, device_, static_cast<int64_t>(bytes_), /*output=*/false);
 }
 
 absl::StatusOr<std::unique_ptr<DeviceTokens>> DeviceTokens::Create(int max_requests,
@@ -55,18 +75,11 @@ absl::StatusOr<std::unique_ptr<DeviceTokens>> DeviceTokens::Create(int max_reque
   const int64_t words = int64_t{max_requests} * (tokens_per_request + 1);
   out->done_offset_ = (words * 4 + 127) / 128 * 128;  // the done word in a line of its own
   out->bytes_ = out->done_offset_ + 128;
-  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) return CudaStatus(e, "cudaSetDevice");
-  if (cudaError_t e = cudaMalloc(&out->data_, out->bytes_); e != cudaSuccess) {
-    return CudaStatus(e, "cudaMalloc");
+  if (absl::Status s = AllocShared(device, static_cast<size_t>(out->bytes_), /*host=*/nullptr,
+                                   &out->data_, &out->handle_);
+      !s.ok()) {
+    return s;
   }
-  if (cudaError_t e = cudaMemset(out->data_, 0, out->bytes_); e != cudaSuccess) {
-    return CudaStatus(e, "cudaMemset");
-  }
-  cudaIpcMemHandle_t handle;
-  if (cudaError_t e = cudaIpcGetMemHandle(&handle, out->data_); e != cudaSuccess) {
-    return CudaStatus(e, "cudaIpcGetMemHandle");
-  }
-  out->handle_.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
   return out;
 }
 
@@ -75,14 +88,7 @@ DeviceTokens::~DeviceTokens() {
 }
 
 v1::RegisterBufferRequest DeviceTokens::RegisterRequest(const std::string& name) const {
-  v1::RegisterBufferRequest request;
-  request.set_name(name);
-  request.set_kind(v1::CUDA_IPC);
-  request.set_cuda_ipc_handle(handle_);
-  request.set_device_id(device_);
-  request.set_byte_size(bytes_);
-  request.set_output(true);
-  return request;
+  return Registration(name, handle_, device_, bytes_, /*output=*/true);
 }
 
 v1::StepOutput DeviceTokens::Next(const std::string& name, int num_requests) {
