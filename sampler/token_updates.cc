@@ -5,6 +5,9 @@
 #include <utility>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/strings/str_cat.h"
+#include "sampler/field_checks.h"
+#include "sampler/status_macros.h"
 #include "sampler/token_scan.h"
 
 namespace samplerd {
@@ -273,6 +276,139 @@ std::vector<int32_t> DraftsBefore(const RequestInputs& inputs, StepKind kind, in
     if (inputs.draft_token_ids[k] >= 0) drafts.push_back(inputs.draft_token_ids[k]);
   }
   return drafts;
+}
+
+namespace {
+
+// SPEC 2's checks of each adjustment, beside the code that turns it into updates (above). Each
+// error names its field under `field` ("requests[i]").
+// A token list's length against the server's limit (GetServerInfo limits.max_token_list).
+absl::Status CheckListLength(size_t size, int32_t max_token_list, absl::string_view field,
+                             absl::string_view suffix) {
+  if (size <= static_cast<size_t>(max_token_list)) return absl::OkStatus();
+  return FieldError(absl::StrCat(field, suffix),
+                    absl::StrCat(size, " tokens exceed the server limit of ", max_token_list,
+                                 " (GetServerInfo limits.max_token_list)"));
+}
+
+// A checked token list as a set: sorted, each id once (rows look ids up by binary search).
+std::vector<int32_t> SortedUnique(std::vector<int32_t> ids) {
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+// A list of token ids (allowed ids, stop ids): its length, then each id in [0, V).
+absl::Status CheckTokenList(const std::vector<int32_t>& ids, int32_t vocab_size,
+                            int32_t max_token_list, absl::string_view field,
+                            absl::string_view suffix) {
+  RETURN_IF_ERROR(CheckListLength(ids.size(), max_token_list, field, suffix));
+  return CheckTokenIds(ids, vocab_size, false, field, suffix);
+}
+
+// bad_words: no word empty, their tokens together within the limit, each id in [0, V).
+absl::Status CheckBadWords(const std::vector<std::vector<int32_t>>& words, int32_t vocab_size,
+                           int32_t max_token_list, absl::string_view field) {
+  size_t tokens = 0;
+  for (size_t w = 0; w < words.size(); ++w) {
+    if (words[w].empty()) {
+      return FieldError(absl::StrCat(field, ".params.bad_words[", w, "].token_ids"), "is empty");
+    }
+    tokens += words[w].size();
+  }
+  RETURN_IF_ERROR(CheckListLength(tokens, max_token_list, field, ".params.bad_words"));
+  for (size_t w = 0; w < words.size(); ++w) {
+    RETURN_IF_ERROR(CheckTokenIds(words[w], vocab_size, false, field,
+                                  absl::StrCat(".params.bad_words[", w, "].token_ids")));
+  }
+  return absl::OkStatus();
+}
+
+// logit_bias: within the limit, each bias finite in [-100, 100], each key in [0, V) and named
+// once. Returns the entries sorted by token.
+absl::StatusOr<std::vector<std::pair<int32_t, float>>> CheckLogitBias(
+    const std::vector<std::pair<int32_t, float>>& sent, int32_t vocab_size, int32_t max_token_list,
+    absl::string_view field) {
+  RETURN_IF_ERROR(CheckListLength(sent.size(), max_token_list, field, ".params.logit_bias"));
+  auto entry = [&](int32_t token) { return absl::StrCat(field, ".params.logit_bias[", token, "]"); };
+  for (const auto& [token, bias] : sent) {
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return FieldError(entry(token), absl::StrCat(bias, " is not a finite bias in [-100, 100]"));
+    }
+    if (token < 0 || token >= vocab_size) {
+      return FieldError(entry(token), absl::StrCat("token id ", token,
+                                                   " is outside [0, vocab_size = ", vocab_size,
+                                                   ")"));
+    }
+  }
+  std::vector<std::pair<int32_t, float>> sorted = sent;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    if (sorted[i].first == sorted[i - 1].first) {
+      return FieldError(entry(sorted[i].first), "names the token twice");
+    }
+  }
+  return sorted;
+}
+
+// DRY's parameters (SPEC 2): the multiplier in [0, 100], the base in [1, 4], the allowed
+// length >= 1, the range >= 0 (NaN fails every range check), the breakers as a token list.
+absl::StatusOr<DryPenalty> CheckDry(const SamplingParams& params, int32_t vocab_size,
+                                    int32_t max_token_list, absl::string_view request_field) {
+  auto field = [&](absl::string_view name) {
+    return absl::StrCat(request_field, ".params.", name);
+  };
+  DryPenalty dry;
+  if (!(params.dry_multiplier >= 0.0f && params.dry_multiplier <= 100.0f)) {
+    return FieldError(field("dry_multiplier"),
+                      absl::StrCat(params.dry_multiplier, " is outside [0, 100]"));
+  }
+  dry.multiplier = params.dry_multiplier;
+  if (params.dry_base.has_value()) {
+    if (!(*params.dry_base >= 1.0f && *params.dry_base <= 4.0f)) {
+      return FieldError(field("dry_base"), absl::StrCat(*params.dry_base, " is outside [1, 4]"));
+    }
+    dry.base = *params.dry_base;
+  }
+  if (params.dry_allowed_length.has_value()) {
+    if (*params.dry_allowed_length < 1) {
+      return FieldError(field("dry_allowed_length"),
+                        absl::StrCat(*params.dry_allowed_length, " must be >= 1"));
+    }
+    dry.allowed_length = *params.dry_allowed_length;
+  }
+  if (params.dry_range < 0) {
+    return FieldError(field("dry_range"), absl::StrCat(params.dry_range, " must be >= 0"));
+  }
+  dry.range = params.dry_range;
+  RETURN_IF_ERROR(CheckTokenList(params.dry_sequence_breakers, vocab_size, max_token_list, request_field,
+                                 ".params.dry_sequence_breakers"));
+  dry.breakers = SortedUnique(params.dry_sequence_breakers);
+  return dry;
+}
+
+}  // namespace
+
+absl::StatusOr<TokenAdjustments> CheckAdjustments(const SamplingParams& params,
+                                                  int32_t vocab_size, int32_t max_token_list,
+                                                  const std::string& request_field) {
+  RETURN_IF_ERROR(CheckTokenList(params.allowed_token_ids, vocab_size, max_token_list,
+                                 request_field, ".params.allowed_token_ids"));
+  RETURN_IF_ERROR(CheckTokenList(params.stop_token_ids, vocab_size, max_token_list,
+                                 request_field, ".params.stop_token_ids"));
+  if (params.min_tokens < 0) {
+    return FieldError(request_field + ".params.min_tokens",
+                      absl::StrCat(params.min_tokens, " must be >= 0"));
+  }
+  RETURN_IF_ERROR(CheckBadWords(params.bad_words, vocab_size, max_token_list, request_field));
+  TokenAdjustments adj;
+  ASSIGN_OR_RETURN(adj.logit_bias,
+                   CheckLogitBias(params.logit_bias, vocab_size, max_token_list, request_field));
+  adj.bad_words = params.bad_words;
+  adj.min_tokens = params.min_tokens;
+  adj.stop_token_ids = SortedUnique(params.stop_token_ids);
+  ASSIGN_OR_RETURN(adj.dry, CheckDry(params, vocab_size, max_token_list, request_field));
+  return adj;
 }
 
 }  // namespace samplerd

@@ -17,9 +17,11 @@
 #define SAMPLERD_SAMPLER_TOKEN_UPDATES_H_
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "sampler/spec_rules.h"
 #include "sampler/types.h"
@@ -36,7 +38,7 @@ struct DryPenalty {
   bool on() const { return multiplier > 0.0f; }
 };
 
-// A request's token adjustments after SPEC 2's checks (validate.cc), in the form rows use.
+// A request's token adjustments after SPEC 2's checks (CheckAdjustments), in the form rows use.
 struct TokenAdjustments {
   std::vector<std::vector<int32_t>> bad_words;
   int32_t min_tokens = 0;
@@ -48,6 +50,15 @@ struct TokenAdjustments {
            logit_bias.empty() && !dry.on();
   }
 };
+
+// SPEC 2's checks of a request's token adjustments (allowed and stop ids, min_tokens, bad
+// words, logit bias, DRY: each list's length against `max_token_list`, its values, its ids
+// against V), in that order; then the adjustments as rows use them. INVALID_ARGUMENT naming
+// the field under `request_field` ("requests[i]"). allowed_token_ids is checked here but
+// folded into the rows' masks by PlanStep (validate.cc).
+absl::StatusOr<TokenAdjustments> CheckAdjustments(const SamplingParams& params,
+                                                  int32_t vocab_size, int32_t max_token_list,
+                                                  const std::string& request_field);
 
 // The updates of one sampled row, sorted by token, one entry per token. `output` is the row's
 // output history (SPEC 3): the request's output_token_ids, then for row j of a DECODE request

@@ -61,29 +61,9 @@ absl::Status CheckDraftRow(const float* values, int32_t n, int32_t row, const st
   return absl::OkStatus();
 }
 
-absl::Status FieldError(const std::string& field, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
-}
 
 namespace {
 
-// Token ids of a list must lie in [0, V) (or be -1 where `allow_none`). The field is
-// `field` + `suffix`, joined only for an error: a step checks a dozen lists a request, and
-// building their names on the success path was most of planning's time (16 requests: 10-12 us
-// before, 4-5 us after, -c opt on the 2-core machine).
-absl::Status CheckTokenIds(const std::vector<int32_t>& ids, int32_t vocab_size, bool allow_none,
-                           absl::string_view field, absl::string_view suffix = "") {
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const int32_t id = ids[i];
-    if (allow_none && id == -1) continue;
-    if (id < 0 || id >= vocab_size) {
-      return FieldError(absl::StrCat(field, suffix, "[", i, "]"),
-                     absl::StrCat("token id ", id, " is outside [0, vocab_size = ", vocab_size,
-                                  ")", allow_none ? " and is not -1" : ""));
-    }
-  }
-  return absl::OkStatus();
-}
 
 // The draft distributions of a DECODE request: shapes match its q - 1 drafts.
 absl::Status CheckDraftDistributions(const RequestInputs& request, int32_t vocab_size,
@@ -248,137 +228,17 @@ absl::Status ClaimRows(const Step& step, size_t index, RowClaims& claims) {
   return absl::OkStatus();
 }
 
-// A token list's length against the server's limit (GetServerInfo limits.max_token_list).
-absl::Status CheckListLength(size_t size, const Limits& limits, absl::string_view field,
-                             absl::string_view suffix) {
-  if (size <= static_cast<size_t>(limits.max_token_list)) return absl::OkStatus();
-  return FieldError(absl::StrCat(field, suffix),
-                    absl::StrCat(size, " tokens exceed the server limit of ",
-                                 limits.max_token_list, " (GetServerInfo limits.max_token_list)"));
-}
-
-// A checked token list as a set: sorted, each id once (rows look ids up by binary search).
-std::vector<int32_t> SortedUnique(std::vector<int32_t> ids) {
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  return ids;
-}
-
-// A list of token ids (allowed ids, stop ids): its length, then each id in [0, V).
-absl::Status CheckTokenList(const std::vector<int32_t>& ids, int32_t vocab_size,
-                            const Limits& limits, absl::string_view field,
-                            absl::string_view suffix) {
-  RETURN_IF_ERROR(CheckListLength(ids.size(), limits, field, suffix));
-  return CheckTokenIds(ids, vocab_size, false, field, suffix);
-}
-
-// bad_words: no word empty, their tokens together within the limit, each id in [0, V).
-absl::Status CheckBadWords(const std::vector<std::vector<int32_t>>& words, int32_t vocab_size,
-                           const Limits& limits, absl::string_view field) {
-  size_t tokens = 0;
-  for (size_t w = 0; w < words.size(); ++w) {
-    if (words[w].empty()) {
-      return FieldError(absl::StrCat(field, ".params.bad_words[", w, "].token_ids"), "is empty");
-    }
-    tokens += words[w].size();
-  }
-  RETURN_IF_ERROR(CheckListLength(tokens, limits, field, ".params.bad_words"));
-  for (size_t w = 0; w < words.size(); ++w) {
-    RETURN_IF_ERROR(CheckTokenIds(words[w], vocab_size, false, field,
-                                  absl::StrCat(".params.bad_words[", w, "].token_ids")));
-  }
-  return absl::OkStatus();
-}
-
-// logit_bias: within the limit, each bias finite in [-100, 100], each key in [0, V) and named
-// once. Returns the entries sorted by token.
-absl::StatusOr<std::vector<std::pair<int32_t, float>>> CheckLogitBias(
-    const std::vector<std::pair<int32_t, float>>& sent, int32_t vocab_size, const Limits& limits,
-    absl::string_view field) {
-  RETURN_IF_ERROR(CheckListLength(sent.size(), limits, field, ".params.logit_bias"));
-  auto entry = [&](int32_t token) { return absl::StrCat(field, ".params.logit_bias[", token, "]"); };
-  for (const auto& [token, bias] : sent) {
-    if (!(bias >= -100.0f && bias <= 100.0f)) {
-      return FieldError(entry(token), absl::StrCat(bias, " is not a finite bias in [-100, 100]"));
-    }
-    if (token < 0 || token >= vocab_size) {
-      return FieldError(entry(token), absl::StrCat("token id ", token,
-                                                   " is outside [0, vocab_size = ", vocab_size,
-                                                   ")"));
-    }
-  }
-  std::vector<std::pair<int32_t, float>> sorted = sent;
-  std::sort(sorted.begin(), sorted.end());
-  for (size_t i = 1; i < sorted.size(); ++i) {
-    if (sorted[i].first == sorted[i - 1].first) {
-      return FieldError(entry(sorted[i].first), "names the token twice");
-    }
-  }
-  return sorted;
-}
-
-// DRY's parameters (SPEC 2): the multiplier in [0, 100], the base in [1, 4], the allowed
-// length >= 1, the range >= 0 (NaN fails every range check), the breakers as a token list.
-absl::StatusOr<DryPenalty> CheckDry(const SamplingParams& params, int32_t vocab_size,
-                                    const Limits& limits, absl::string_view request_field) {
-  auto field = [&](absl::string_view name) {
-    return absl::StrCat(request_field, ".params.", name);
-  };
-  DryPenalty dry;
-  if (!(params.dry_multiplier >= 0.0f && params.dry_multiplier <= 100.0f)) {
-    return FieldError(field("dry_multiplier"),
-                      absl::StrCat(params.dry_multiplier, " is outside [0, 100]"));
-  }
-  dry.multiplier = params.dry_multiplier;
-  if (params.dry_base.has_value()) {
-    if (!(*params.dry_base >= 1.0f && *params.dry_base <= 4.0f)) {
-      return FieldError(field("dry_base"), absl::StrCat(*params.dry_base, " is outside [1, 4]"));
-    }
-    dry.base = *params.dry_base;
-  }
-  if (params.dry_allowed_length.has_value()) {
-    if (*params.dry_allowed_length < 1) {
-      return FieldError(field("dry_allowed_length"),
-                        absl::StrCat(*params.dry_allowed_length, " must be >= 1"));
-    }
-    dry.allowed_length = *params.dry_allowed_length;
-  }
-  if (params.dry_range < 0) {
-    return FieldError(field("dry_range"), absl::StrCat(params.dry_range, " must be >= 0"));
-  }
-  dry.range = params.dry_range;
-  RETURN_IF_ERROR(CheckTokenList(params.dry_sequence_breakers, vocab_size, limits, request_field,
-                                 ".params.dry_sequence_breakers"));
-  dry.breakers = SortedUnique(params.dry_sequence_breakers);
-  return dry;
-}
-
-// SPEC 2's token adjustments of one request, each field checked in one function above (its
-// length against the server's limit, its values, its token ids against V); then the request's
-// TokenAdjustments, and allowed_token_ids folded into each sampled row's mask (SPEC 3 step 2a:
-// a token not listed gets -inf, as a masked one does). `request_field` names the request
-// ("requests[i]").
+// SPEC 2's token adjustments of one request, checked beside their update code
+// (CheckAdjustments, token_updates.h); then allowed_token_ids folded into each sampled row's
+// mask (SPEC 3 step 2a: a token not listed gets -inf, as a masked one does). `request_field`
+// names the request ("requests[i]").
 absl::Status PlanAdjustments(const SamplingParams& params, int32_t vocab_size,
                              const std::string& request_field, const Limits& limits,
                              int64_t* step_mask_bytes, RequestPlan& plan) {
-  RETURN_IF_ERROR(CheckTokenList(params.allowed_token_ids, vocab_size, limits, request_field,
-                                 ".params.allowed_token_ids"));
-  RETURN_IF_ERROR(CheckTokenList(params.stop_token_ids, vocab_size, limits, request_field,
-                                 ".params.stop_token_ids"));
-  if (params.min_tokens < 0) {
-    return FieldError(request_field + ".params.min_tokens",
-                      absl::StrCat(params.min_tokens, " must be >= 0"));
-  }
-  RETURN_IF_ERROR(CheckBadWords(params.bad_words, vocab_size, limits, request_field));
-  TokenAdjustments& adj = plan.adjustments;
-  ASSIGN_OR_RETURN(adj.logit_bias,
-                   CheckLogitBias(params.logit_bias, vocab_size, limits, request_field));
+  ASSIGN_OR_RETURN(plan.adjustments,
+                   CheckAdjustments(params, vocab_size, limits.max_token_list, request_field));
   // The params' field, built only for an error.
   auto field = [&] { return absl::StrCat(request_field, ".params"); };
-  adj.bad_words = params.bad_words;
-  adj.min_tokens = params.min_tokens;
-  adj.stop_token_ids = SortedUnique(params.stop_token_ids);
-  ASSIGN_OR_RETURN(adj.dry, CheckDry(params, vocab_size, limits, request_field));
   if (params.allowed_token_ids.empty()) return absl::OkStatus();
   // The allowed ids' mask, shared by rows without a grammar mask; AND-ed with each row's own.
   const size_t bytes = 4 * ((static_cast<size_t>(vocab_size) + 31) / 32);

@@ -18,14 +18,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "sampler/field_checks.h"
 #include "sampler/plan.h"
 #include "sampler/types.h"
 
 namespace samplerd {
-
-// INVALID_ARGUMENT "field: what": how every check names the field it refused
-// (validation and conversion alike).
-absl::Status FieldError(const std::string& field, const std::string& what);
 
 // Checks `step` against SPEC and `limits` and plans it.
 // Errors (the step as a whole): INVALID_ARGUMENT for a malformed tensor, a bad vocab_size or
