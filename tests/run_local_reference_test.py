@@ -5,7 +5,7 @@ Random PREFILL and DECODE steps (vocabularies of 5 to 3000 tokens, every paramet
 masks, token adjustments (allowed ids, bad words, min_tokens with stop ids, logit bias; a DECODE
 row's history includes the earlier rows' drafts), penalties, DRY (over contexts that repeat a
 short pattern, with breakers and ranges), force top-N, padding, golden
-tokens, prompt logprobs, dense drafts) go to the
+tokens, prompt logprobs, dense drafts, top-nσ, XTC and RAW logprobs) go to the
 real samplerctl binary as protobuf JSON; its JSON answers are compared with this file's own
 float64 computation: tokens equal (except where u lies within 1e-6 of an interval edge, or a
 top-p cut within 1e-6 of a cumulative sum), logprobs within 1e-5 (values >= -20), top
@@ -83,9 +83,11 @@ def dry(x, params, context):
 
 
 def process(raw, vocab, params, force_top_n=0, mask=None, prompt=(), output=(), prompt_mode=False,
-            adjustments=None, history=()):
-    """SPEC 3 on one row. Returns (logprobs[V] float64 with -inf, kept order, top_p margin);
-    `adjustments` are the request's JSON params, `history` the row's output history."""
+            adjustments=None, history=(), xtc_u=1.0):
+    """SPEC 3 on one row. Returns (logprobs[V] float64 with -inf, kept order, margin: the
+    smallest distance of a top-p cut, a top-nσ bound (relative to max(1, |M|)) or an XTC
+    threshold from what it decided); `adjustments` are the request's JSON params, `history`
+    the row's output history, `xtc_u` the row's XTC draw."""
     x = np.array(raw[:vocab], dtype=np.float32)
     if not prompt_mode:
         if mask is not None:
@@ -109,6 +111,14 @@ def process(raw, vocab, params, force_top_n=0, mask=None, prompt=(), output=(), 
             order = sorted(range(vocab), key=lambda t: (-float(x[t]), t))
             for t in order[force_top_n:]:
                 x[t] = -np.inf
+    sigma_margin = 1.0
+    if not prompt_mode and params["top_n_sigma"] > 0:
+        finite = x[x != -np.inf].astype(np.float64)
+        if len(finite):
+            top = finite.max()
+            bound = top - params["top_n_sigma"] * math.sqrt(((finite - finite.mean()) ** 2).mean())
+            sigma_margin = float(np.abs(finite - bound).min()) / max(1.0, abs(top))
+            x[x.astype(np.float64) < bound] = -np.inf
     s = (x / np.float32(params["temperature"])).astype(np.float64)
     if s.max() == NEG_INF:
         return None, [], 1.0  # no token left: an error of the request
@@ -135,10 +145,37 @@ def process(raw, vocab, params, force_top_n=0, mask=None, prompt=(), output=(), 
             if p[t] < params["min_p"] * pmax:
                 keep.discard(t)
     kept_sum = sum(e[t] for t in keep)
+    if not prompt_mode and xtc_u < params["xtc_probability"]:
+        # XTC: the kept tokens of p >= threshold in the draw's order; all but the last go.
+        above = []
+        for t in order:
+            if t in keep:
+                margin = min(margin, abs(e[t] / kept_sum - params["xtc_threshold"]))
+                if e[t] / kept_sum >= params["xtc_threshold"]:
+                    above.append(t)
+        if len(above) >= 2:
+            for t in above[:-1]:
+                keep.discard(t)
+            kept_sum = sum(e[t] for t in keep)
     lp = np.full(vocab, NEG_INF)
     for t in keep:
         lp[t] = (s[t] - m) - math.log(kept_sum)
-    return lp, [t for t in order if t in keep], margin
+    return lp, [t for t in order if t in keep], min(margin, sigma_margin)
+
+
+def raw_logprobs(raw, vocab):
+    """SPEC 7's RAW mode: log_softmax of the row as sent (columns < V), and its order (largest
+    first, ties by lower id, -inf never listed)."""
+    x = np.array(raw[:vocab], dtype=np.float32).astype(np.float64)
+    m = x.max()
+    lp = x - m - math.log(np.exp(x - m).sum())
+    order = sorted((t for t in range(vocab) if lp[t] != NEG_INF), key=lambda t: (-lp[t], t))
+    return lp, order
+
+
+def xtc_uniform(seed, position):
+    """SPEC 3 step 8's draw: U(seed + 3000000019, pos)."""
+    return uniform((seed + 3000000019) & MASK64, position)
 
 
 def draw(lp, order, u):
@@ -180,11 +217,16 @@ def normalised(params):
          "top_k": params.get("topK", -1), "min_p": params.get("minP", 0.0),
          "repetition_penalty": params.get("repetitionPenalty", 1.0),
          "presence_penalty": params.get("presencePenalty", 0.0),
-         "frequency_penalty": params.get("frequencyPenalty", 0.0)}
+         "frequency_penalty": params.get("frequencyPenalty", 0.0),
+         "top_n_sigma": params.get("topNSigma", 0.0),
+         "xtc_probability": params.get("xtcProbability", 0.0),
+         "xtc_threshold": params.get("xtcThreshold", 0.1),
+         "raw": params.get("logprobsMode") == "LOGPROBS_MODE_RAW"}
     if p["temperature"] < 1e-5:
-        p.update(temperature=1e-5, top_p=1.0, top_k=-1, min_p=0.0)
+        p.update(temperature=1e-5, top_p=1.0, top_k=-1, min_p=0.0, top_n_sigma=0.0,
+                 xtc_probability=0.0)
     for k in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-              "frequency_penalty"):
+              "frequency_penalty", "top_n_sigma", "xtc_probability", "xtc_threshold"):
         p[k] = float(np.float32(p[k]))
     return p
 
@@ -207,6 +249,7 @@ class Checker:
         self.skipped = 0
         self.no_token = 0  # requests whose adjustments left no token (their error checked)
         self.dry = 0  # requests with DRY on, over a repeating context
+        self.filters = 0  # requests with top-nσ, XTC or RAW logprobs (issue 50)
 
     def close(self, got, want, what):
         if want == NEG_INF:
@@ -214,15 +257,18 @@ class Checker:
         elif want >= -20:
             assert abs(float(got) - want) <= 1e-5, f"{what}: got {got}, want {want}"
 
-    def outputs(self, res, k, row_lp, row_order, token, top_n, want_ssp, what):
-        self.close(res["logprobs"][k], row_lp[token], f"{what} logprob")
+    def outputs(self, res, k, row_lp, row_order, token, top_n, want_ssp, what, raw=None):
+        """`raw`: RAW mode's (logprobs, order) of the row, which the reported logprobs are;
+        sum_smaller_probs stays processed."""
+        shown_lp, shown_order = raw if raw is not None else (row_lp, row_order)
+        self.close(res["logprobs"][k], shown_lp[token], f"{what} logprob")
         if top_n:
             tops = res["topLogprobs"][k]
             for i in range(top_n):
-                want_id = row_order[i] if i < len(row_order) else -1
+                want_id = shown_order[i] if i < len(shown_order) else -1
                 assert tops["tokenIds"][i] == want_id, f"{what} top[{i}] id"
                 if want_id >= 0:
-                    self.close(tops["logprobs"][i], row_lp[want_id], f"{what} top[{i}]")
+                    self.close(tops["logprobs"][i], shown_lp[want_id], f"{what} top[{i}]")
         if want_ssp:
             assert abs(res["sumSmallerProbs"][k] - sum_smaller(row_lp, token)) <= 1e-5, what
 
@@ -242,6 +288,14 @@ def random_params(rng, vocab):
         params["presencePenalty"] = float(rng.choice([-0.5, 0.0, 1.0]))
         params["frequencyPenalty"] = float(rng.choice([-0.2, 0.3]))
     params["topLogprobs"] = int(rng.integers(0, 6))
+    # Issue 50: top-nσ, XTC and RAW logprobs, drawn last (the draws above keep their stream).
+    if rng.random() < 0.3:
+        params["topNSigma"] = float(rng.choice([0.5, 1.0, 2.0]))
+    if rng.random() < 0.3:
+        params["xtcProbability"] = float(rng.choice([0.5, 1.0]))
+        params["xtcThreshold"] = float(rng.choice([0.05, 0.1, 0.3]))
+    if rng.random() < 0.3:
+        params["logprobsMode"] = "LOGPROBS_MODE_RAW"
     return params
 
 
@@ -343,8 +397,11 @@ def check_prefill(binary, rng, checker):
     for res, (req, mask, prompt, output) in zip(out["results"], expect):
         what = f"prefill V={vocab} {req['requestId']} {req['params']}"
         params = normalised(req["params"])
+        seed = int(req["params"]["seqSeed"])
         lp, order, margin = process(logits[req["row"]], vocab, params, force_top_n, mask, prompt,
-                                    output, adjustments=req["params"], history=output)
+                                    output, adjustments=req["params"], history=output,
+                                    xtc_u=xtc_uniform(seed, int(req["samplePosition"])))
+        raw = raw_logprobs(logits[req["row"]], vocab) if params["raw"] else None
         if not order:
             assert res["status"]["code"] == 3 and "no token left" in res["status"]["message"], \
                 f"{what}: {res}"
@@ -355,7 +412,6 @@ def check_prefill(binary, rng, checker):
         if margin < 1e-6:
             checker.skipped += 1
             continue
-        seed = int(req["params"]["seqSeed"])
         golden = req.get("goldenTokenIds", [-1])[0]
         want, edge = draw(lp, order, uniform(seed, 3 * int(req["samplePosition"])))
         token = res["tokenIds"][0]
@@ -363,13 +419,17 @@ def check_prefill(binary, rng, checker):
             assert token == golden, what
         elif edge >= 1e-6:
             assert token == want, f"{what}: token {token}, want {want}"
-        checker.outputs(res, 0, lp, order, token, req["params"]["topLogprobs"], True, what)
+        checker.outputs(res, 0, lp, order, token, req["params"]["topLogprobs"], True, what, raw)
         for k, target in enumerate(req.get("promptTargets", [])):
             plp, _, pmargin = process(logits[req["promptFirstRow"] + k], vocab, params,
                                       prompt_mode=True)
+            if params["raw"]:
+                plp, pmargin = raw_logprobs(logits[req["promptFirstRow"] + k], vocab)[0], 1.0
             if pmargin >= 1e-6:
                 checker.close(res["promptLogprobs"][k], plp[target], f"{what} prompt[{k}]")
         checker.compared += 1
+        checker.filters += any(k in req["params"] for k in ("topNSigma", "xtcProbability",
+                                                              "logprobsMode"))
 
 
 def check_decode(binary, rng, checker):
@@ -418,7 +478,8 @@ def check_decode(binary, rng, checker):
         # (No repetition penalty here: the prompt counts for DRY only.)
         rows = [process(logits[req["firstRow"] + j], vocab, params, prompt=req["promptTokenIds"],
                         adjustments=req["params"],
-                        history=req["outputTokenIds"] + [d for d in req["draftTokenIds"][:j] if d >= 0])
+                        history=req["outputTokenIds"] + [d for d in req["draftTokenIds"][:j] if d >= 0],
+                        xtc_u=xtc_uniform(seed, int(req["samplePosition"]) + j * 10000019))
                 for j in range(q)]
         if any(not order for _, order, _ in rows):  # any row the request reads: its error
             assert res["status"]["code"] == 3 and "no token left" in res["status"]["message"], \
@@ -462,8 +523,11 @@ def check_decode(binary, rng, checker):
         assert res.get("numAccepted", 0) == accepted, what
         for k, tok in enumerate(want_tokens):
             lp, order, _ = rows[k]
-            checker.outputs(res, k, lp, order, tok, req["params"]["topLogprobs"], False, what)
+            raw = raw_logprobs(logits[req["firstRow"] + k], vocab) if params["raw"] else None
+            checker.outputs(res, k, lp, order, tok, req["params"]["topLogprobs"], False, what, raw)
         checker.compared += 1
+        checker.filters += any(k in req["params"] for k in ("topNSigma", "xtcProbability",
+                                                              "logprobsMode"))
 
 
 def check_errors(binary):
@@ -503,9 +567,11 @@ def main():
     check_errors(binary)
     print(f"compared {checker.compared} requests against the NumPy reference, "
           f"skipped {checker.skipped} within 1e-6 of an edge, {checker.no_token} with no token "
-          f"left (their error checked); {checker.dry} of them with DRY")
+          f"left (their error checked); {checker.dry} of them with DRY, {checker.filters} "
+          "compared with top-nσ, XTC or RAW logprobs")
     assert checker.compared >= 0.8 * (checker.compared + checker.skipped)
     assert checker.dry >= 20, "too few DRY requests to tell"
+    assert checker.filters >= 40, "too few top-nσ / XTC / RAW requests to tell"
 
 
 if __name__ == "__main__":
