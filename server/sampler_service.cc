@@ -76,29 +76,19 @@ SamplerService::SamplerService(Backend& backend, BufferRegistry& registry, Group
     // Expired owners are released within a quarter of the lease (at most 250 ms) of expiring.
     const absl::Duration period =
         std::min(absl::Milliseconds(250), options_.registration_lease / 4);
-    reaper_ = std::thread([this, period] {
-      absl::MutexLock lock(&reaper_mu_);
-      while (!reaper_stop_) {
-        reaper_mu_.AwaitWithTimeout(absl::Condition(&reaper_stop_), period);
-        reaper_mu_.Unlock();
-        for (const std::string& owner : leases_.TakeExpired(absl::Now())) {
-          ReleaseOwner(owner, "lease_expired");
-        }
-        DropChannels("", nullptr);
-        // Expired drafts give their memory back now, not at the next step that stores some.
-        backend_.draft_pool().Expire();
-        reaper_mu_.Lock();
+    reaper_ = std::make_unique<PeriodicTask>(period, [this] {
+      for (const std::string& owner : leases_.TakeExpired(absl::Now())) {
+        ReleaseOwner(owner, "lease_expired");
       }
+      DropChannels("", nullptr);
+      // Expired drafts give their memory back now, not at the next step that stores some.
+      backend_.draft_pool().Expire();
     });
   }
 }
 
 SamplerService::~SamplerService() {
-  {
-    absl::MutexLock lock(&reaper_mu_);
-    reaper_stop_ = true;
-  }
-  if (reaper_.joinable()) reaper_.join();
+  reaper_.reset();  // stops it at once; a run in progress finishes first
   // Before any member goes: a channel's thread runs steps through this service.
   channels_.Clear();
 }

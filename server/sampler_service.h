@@ -17,6 +17,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -33,6 +34,7 @@
 #include "server/grpc_status_util.h"
 #include "server/metrics.h"
 #include "server/owner_leases.h"
+#include "server/periodic_task.h"
 #include "server/peer_identity.h"
 #include "server/step_channel.h"
 #include "server/version.h"
@@ -204,9 +206,9 @@ class SamplerService final : public v1::Sampler::Service {
   // Closes and logs the owner's channels (`why`: ReleaseOwner's reason), or with owner ""
   // those their workers closed.
   void DropChannels(const std::string& owner, const char* why);
-  absl::Mutex reaper_mu_;
-  bool reaper_stop_ ABSL_GUARDED_BY(reaper_mu_) = false;
-  std::thread reaper_;
+  // Releases owners whose lease ran out, drops closed channels, expires drafts (null when
+  // leases never expire).
+  std::unique_ptr<PeriodicTask> reaper_;
 };
 
 }  // namespace samplerd
