@@ -288,32 +288,26 @@ void RowProcessor::ApplyTopPTopK(float top_p, int32_t top_k) {
     PrefixByMass(static_cast<double>(top_p) * total_sum_, &candidates);
   }
   if (top_p < 1.0f) {
-    // SPEC 3.6: remove a token when the probability mass before it exceeds top_p.
-    const double limit = static_cast<double>(top_p);
+    // SPEC 3.6 (TopPRemoves): the first candidate whose mass before it exceeds top_p, and
+    // that mass.
     double before = 0.0;
-    size_t keep = candidates.size();
-    for (size_t r = 0; r < candidates.size(); ++r) {
-      if (before / total_sum_ > limit) {
-        keep = r;
-        break;
+    auto first_removed = [&]() -> size_t {
+      before = 0.0;
+      for (size_t r = 0; r < candidates.size(); ++r) {
+        if (TopPRemoves(before, total_sum_, top_p)) return r;
+        before += weights_[candidates[r]];
       }
-      before += weights_[candidates[r]];
-    }
-    if (keep == candidates.size() && !by_rank && before / total_sum_ <= limit) {
+      return candidates.size();
+    };
+    size_t keep = first_removed();
+    if (keep == candidates.size() && !by_rank && !TopPRemoves(before, total_sum_, top_p)) {
       // The histogram's rounding stopped short of the nucleus' end: take every finite token.
       candidates.clear();
       for (int32_t t = 0; t < vocab_size_; ++t) {
         if (scores_[t] != kNegInf) candidates.push_back(t);
       }
       SortByScore(scores_.data(), &candidates);
-      before = 0.0;
-      for (size_t r = 0; r < candidates.size(); ++r) {
-        if (before / total_sum_ > limit) {
-          keep = r;
-          break;
-        }
-        before += weights_[candidates[r]];
-      }
+      keep = first_removed();
     }
     candidates.resize(keep);
   }
@@ -323,9 +317,9 @@ void RowProcessor::ApplyTopPTopK(float top_p, int32_t top_k) {
 }
 
 void RowProcessor::ApplyMinP(float min_p) {
-  // p_x < min_p * p_max  <=>  exp(s_x - max) < min_p, since the largest kept weight is exp(0) = 1.
+  // MinPRemoves: p_x < min_p * p_max  <=>  exp(s_x - max) < min_p (the largest kept weight is 1).
   if (kept_sorted_) {
-    while (kept_.size() > 1 && weights_[kept_.back()] < min_p) kept_.pop_back();
+    while (kept_.size() > 1 && MinPRemoves(weights_[kept_.back()], min_p)) kept_.pop_back();
     cut_score_ = scores_[kept_.back()];
     cut_token_ = kept_.back();
     return;
@@ -333,7 +327,7 @@ void RowProcessor::ApplyMinP(float min_p) {
   float cut = std::numeric_limits<float>::infinity();
   int32_t cut_token = -1;
   for (int32_t t = 0; t < vocab_size_; ++t) {
-    if (weights_[t] >= min_p && scores_[t] <= cut) {
+    if (!MinPRemoves(weights_[t], min_p) && scores_[t] <= cut) {
       cut = scores_[t];
       cut_token = t;  // for equal scores the last (highest) id is the lowest ranked
     }

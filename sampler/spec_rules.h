@@ -173,6 +173,19 @@ SAMPLERD_SPEC_FN uint32_t OrderKey(float f) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
+// SPEC 3 step 6: top-p removes a token when the probability mass before it in the order
+// exceeds top_p. `before` and `total` are sums of the same unnormalised weights (the mass
+// before the token, and every finite token's). One rule for the CPU row processor and the
+// kernels' finish from candidates.
+SAMPLERD_SPEC_FN bool TopPRemoves(double before, double total, float top_p) {
+  return before / total > static_cast<double>(top_p);
+}
+
+// SPEC 3 step 8: min-p removes a kept token whose probability is below min_p x the largest
+// one's: with weights exp(s - max), where the largest kept weight is exactly 1, a weight below
+// min_p.
+SAMPLERD_SPEC_FN bool MinPRemoves(float weight, float min_p) { return weight < min_p; }
+
 // SPEC 6: draft d (not -1) with processed probability p under the target and q under the
 // draft is accepted when U < p / q (q = 0: rejected).
 SAMPLERD_SPEC_FN bool AcceptDraft(int32_t draft, double u, double p, double q) {

@@ -31,8 +31,9 @@ MUTANTS = [
     ("skip-min-p", "sampler/row_processor.cc",
      "if (!options.prompt_mode && params.min_p > 0.0f) ApplyMinP(params.min_p);",
      "if (false) ApplyMinP(params.min_p);", SAMPLER, 0),
-    ("top-p-gt-to-ge", "sampler/row_processor.cc",
-     "if (before / total_sum_ > limit) {", "if (before / total_sum_ >= limit) {", SAMPLER, 0),
+    ("top-p-gt-to-ge", "sampler/spec_rules.h",
+     "return before / total > static_cast<double>(top_p);",
+     "return before / total >= static_cast<double>(top_p);", SAMPLER, 0),
     ("ties-by-higher-id", "sampler/row_kernels.h",
      "(scores[a] == scores[b] && a < b)", "(scores[a] == scores[b] && a > b)", SAMPLER, 0),
     # The per-token seam (issue 28): the merge's composition, and a bias that leaves float32.
@@ -70,10 +71,10 @@ MUTANTS = [
     # kept is then a 1-ulp question on which two float64 implementations of SPEC 3.6 (the
     # reference's included) may differ, so no test of the contract can tell the two apart.
     ("no-histogram-fallback", "sampler/row_processor.cc",
-     "if (keep == candidates.size() && !by_rank && before / total_sum_ <= limit) {",
+     "if (keep == candidates.size() && !by_rank && !TopPRemoves(before, total_sum_, top_p)) {",
      "if (false) {", SAMPLER, 0),
     ("min-p-lt-to-le", "sampler/row_processor.cc",
-     "weights_[kept_.back()] < min_p) kept_.pop_back();",
+     "MinPRemoves(weights_[kept_.back()], min_p)) kept_.pop_back();",
      "weights_[kept_.back()] <= min_p) kept_.pop_back();", SAMPLER, 0),
     # Our own: validation, conversion, the rules, the row pipeline.
     ("top-p-accepts-zero", "sampler/validate.cc",
@@ -140,9 +141,10 @@ MUTANTS = [
     ("raw-top-is-processed", "sampler/cpu_backend.cc",
      "        proc.RawTop(request.params.top_logprobs, &out.top);",
      "        proc.Top(request.params.top_logprobs, &out.top);", SAMPLER, 0),
-    ("min-p-cut-ge-to-gt", "sampler/row_processor.cc",
-     "if (weights_[t] >= min_p && scores_[t] <= cut) {",
-     "if (weights_[t] > min_p && scores_[t] <= cut) {", SAMPLER, 0),
+    ("min-p-cut-ge-to-gt", "sampler/spec_rules.h",
+     "SAMPLERD_SPEC_FN bool MinPRemoves(float weight, float min_p) { return weight < min_p; }",
+     "SAMPLERD_SPEC_FN bool MinPRemoves(float weight, float min_p) { return weight <= min_p; }",
+     SAMPLER, 0),
 ]
 
 

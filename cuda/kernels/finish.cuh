@@ -68,10 +68,9 @@ static __device__ void FinishCandidates(Shared& sh, const RowJob& job, RowResult
   if (top_p) {
     if (threadIdx.x == 0) sh.count = n_cand;
     __syncthreads();
-    const double limit = static_cast<double>(job.top_p);
     for (int i = threadIdx.x; i < n_cand; i += blockDim.x) {
       const double before = i > 0 ? sh.cum[i - 1] : 0.0;
-      if (before / Z > limit) atomicMin(&sh.count, i);
+      if (TopPRemoves(before, Z, job.top_p)) atomicMin(&sh.count, i);
     }
     __syncthreads();
     kept = sh.count;
@@ -82,7 +81,7 @@ static __device__ void FinishCandidates(Shared& sh, const RowJob& job, RowResult
     if (threadIdx.x == 0) sh.count = kept;
     __syncthreads();
     for (int i = threadIdx.x; i < kept; i += blockDim.x) {
-      if (i > 0 && expf(sh.cand_s[i] - M) < min_p) atomicMin(&sh.count, i);
+      if (i > 0 && MinPRemoves(expf(sh.cand_s[i] - M), min_p)) atomicMin(&sh.count, i);
     }
     __syncthreads();
     kept = sh.count;

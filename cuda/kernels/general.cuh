@@ -191,7 +191,7 @@ static __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) 
       *s_out = s;
       if (s == kNegInf) return false;
       if (cut && !AtOrBefore(OrderKey(s), c, cut_key, cut_id)) return false;
-      if (min_p > 0.0f && expf(s - M) < min_p) return false;
+      if (min_p > 0.0f && MinPRemoves(expf(s - M), min_p)) return false;
       return true;
     };
     double zk_local = 0.0;
