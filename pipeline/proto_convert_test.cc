@@ -210,6 +210,69 @@ class OutputResolver final : public LogitsSourceResolver {
   std::vector<char> bytes = std::vector<char>(4096);
 };
 
+// A resolver whose registered buffers are device memory (here, addresses nothing reads) and
+// whose ready events are opaque pointers; a buffer named "gone" is unknown.
+class DeviceResolver final : public LogitsSourceResolver {
+ public:
+  absl::StatusOr<const void*> Resolve(const v1::Tensor& tensor, int64_t byte_extent,
+                                      const std::string& field, bool* on_device,
+                                      std::shared_ptr<const void>*,
+                                      std::function<absl::Status()>*) override {
+    if (tensor.buffer().name() == "gone") return absl::NotFoundError(field + ": no such buffer");
+    *on_device = true;
+    extents.emplace_back(field, byte_extent);
+    return reinterpret_cast<const void*>(uintptr_t{0x1000} + tensor.buffer().byte_offset());
+  }
+  absl::StatusOr<const void*> ResolveReadyEvent(const std::string& handle, const std::string&,
+                                                std::shared_ptr<const void>*) override {
+    return reinterpret_cast<const void*>(uintptr_t{0x2000} + handle.size());
+  }
+  std::vector<std::pair<std::string, int64_t>> extents;
+};
+
+// Issue 47: draft tensors by handle become device views of the requested bytes, each with its
+// own ready event, in their own dtype and row stride; one that cannot be resolved fails its
+// request alone, naming its field.
+TEST(ProtoConvert, DeviceDraftTensorsAreViewsAndFailAlone) {
+  v1::SampleRequest r = Step(4, 8, Logits(32));
+  v1::SamplerInputs* in = r.mutable_inputs();
+  in->set_kind(v1::DECODE);
+  in->clear_requests();
+  for (int i = 0; i < 2; ++i) {
+    v1::RequestInputs* req = in->add_requests();
+    req->set_request_id("d" + std::to_string(i));
+    req->set_first_row(2 * i);
+    req->set_num_rows(2);
+    req->add_draft_token_ids(3);
+    v1::Tensor* q = req->mutable_draft_logprobs();
+    q->set_dtype(v1::BFLOAT16);
+    q->set_rows(1);
+    q->set_cols(8);
+    q->set_row_stride(16);
+    q->mutable_buffer()->set_name(i == 0 ? "drafts" : "gone");
+    q->mutable_buffer()->set_byte_offset(64);
+    q->set_ready_event(std::string(64, 'e'));
+  }
+  DeviceResolver resolver;
+  auto converted = StepFromProto(r, &resolver);
+  ASSERT_TRUE(converted.ok()) << converted.status();
+  const ConvertedStep& step = **converted;
+  ASSERT_EQ(step.request_faults.size(), 2u);
+  EXPECT_TRUE(step.request_faults[0].ok()) << step.request_faults[0];
+  EXPECT_EQ(step.request_faults[1].code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(step.request_faults[1].message()),
+              HasSubstr("requests[1].draft_logprobs"));
+  const LogitsView& q = step.step.requests[0].drafts.values;
+  EXPECT_TRUE(q.on_device);
+  EXPECT_EQ(q.dtype, DType::kBFloat16);
+  EXPECT_EQ(q.row_stride, 16);
+  EXPECT_EQ(q.data, reinterpret_cast<const void*>(uintptr_t{0x1000 + 64}));
+  EXPECT_EQ(q.ready_event, reinterpret_cast<const void*>(uintptr_t{0x2000 + 64}));
+  ASSERT_EQ(resolver.extents.size(), 1u);
+  EXPECT_EQ(resolver.extents[0].first, "requests[0].draft_logprobs");
+  EXPECT_EQ(resolver.extents[0].second, 8 * 2);  // one row of 8 bf16: the stride never read
+}
+
 TEST(ProtoConvert, ABatchIsItsRequests) {
   v1::SampleRequest request = Step(3, 8, Logits(24));
   v1::SampleRequest batched = request;
