@@ -1,6 +1,7 @@
 """Where a Python client's step goes (issue 29's profile): building the request, the
 SampleStream round trip, a unary call, raw bytes over grpc, protobuf serialisation and parsing,
-results to numpy, and the co-located step channel, against a running samplerd, with logits in
+results to numpy, a step from arrays and its packed answer (issue 46), and the co-located step
+channel, against a running samplerd, with logits in
 a registered shm region. Prints p50 (and p99 for the step paths) in microseconds.
 
     python3 bench/python_step_profile.py HOST:PORT [ROWS] [VOCAB] [cuda]
@@ -65,7 +66,14 @@ measure("serialize", request.SerializeToString)
 stream = client.stream()
 measure("SampleStream send + recv", lambda: (stream.send(request), stream.recv()), tail=True)
 measure("unary Sample", lambda: client.sample_request(request), tail=True)
-raw = client._channel.unary_unary(f"/{samplerd._proto.SERVICE}/Sample")
+unary = client._channel.unary_unary(f"/{samplerd._proto.SERVICE}/Sample")
+
+
+def raw(request_bytes):
+    """Sample on raw bytes, as this client (its id scopes the registered region)."""
+    return unary(request_bytes, metadata=client._metadata)
+
+
 measure("unary Sample, raw bytes", lambda: raw(data), tail=True)
 answer = raw(data)
 measure("parse the SampleResponse", lambda: pb.SampleResponse.FromString(answer))
@@ -73,6 +81,20 @@ step = client.sample_request(request)
 measure("results to numpy (token ids)", lambda: [r.token_ids for r in step])
 timing = pb.SampleResponse.FromString(answer).timing
 print(f"{'server: total / compute':34s}     {timing.total_us:8d} / {timing.compute_us} us")
+# Issue 46's arrays: the same step from arrays (build_batch, no object per request) and its
+# packed answer as arrays (BatchResult), against the target of <= 30 us each at B = 64.
+batch_rows = np.arange(rows, dtype=np.int32)
+batch_seeds = np.arange(rows, dtype=np.uint64)
+batch_positions = np.full(rows, 5, np.int64)
+shared = requests[0].params
+measure("build_batch (arrays)", lambda: client.build_batch(
+    logits, "decode", batch_rows, params=shared, seeds=batch_seeds,
+    sample_positions=batch_positions))
+batch_request = client.build_batch(logits, "decode", batch_rows, params=shared, seeds=batch_seeds,
+                                   sample_positions=batch_positions)
+packed = raw(batch_request.SerializeToString())
+measure("parse + BatchResult (arrays)",
+        lambda: samplerd.results.BatchResult(pb.SampleResponse.FromString(packed)))
 with client.channel() as channel:
     measure("step channel", lambda: channel.step_request(request), tail=True)
     if on_gpu:
