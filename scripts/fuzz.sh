@@ -29,7 +29,10 @@ fi
 
 out=${FUZZ_BUILD_DIR:-.fuzz-build}
 mkdir -p "$out/gen" "$out/obj"
-protoc --cpp_out="$out/gen" -Iproto proto/samplerd/v1/sampler.proto
+# Regenerated only when the proto changed: the generated header's time decides rebuilds below.
+if [[ ! -f $out/gen/samplerd/v1/sampler.pb.h || proto/samplerd/v1/sampler.proto -nt $out/gen/samplerd/v1/sampler.pb.h ]]; then
+  protoc --cpp_out="$out/gen" -Iproto proto/samplerd/v1/sampler.proto
+fi
 flags=(-std=c++17 -O1 -g -fno-omit-frame-pointer -ffp-contract=off -I. -I"$out/gen"
        -fsanitize=address,undefined -fno-sanitize-recover=all)
 libs=(-lprotobuf -labsl_statusor -labsl_status -labsl_cord -labsl_cordz_info
@@ -50,10 +53,14 @@ for f in sampler/*.cc; do
   # Test-only libraries (the float64 reference, gtest comparisons) are not fuzzed code.
   case $f in *_test.cc|sampler/reference_sampler.cc|sampler/backend_compare.cc) ;; *) sources+=("$f") ;; esac
 done
+# An object is rebuilt when its source or any header is newer: a header that changed a
+# struct's layout under objects built before it made a false crash (a stale object reading
+# another's layout) in an incremental build.
+newest_header=$(ls -t $(git ls-files '*.h' '*.cuh') "$out/gen/samplerd/v1/sampler.pb.h" | head -1)
 objects=()
 for src in "${sources[@]}"; do
   obj="$out/obj/$(echo "$src" | tr '/' '_').o"
-  if [[ ! -f $obj || $src -nt $obj ]]; then
+  if [[ ! -f $obj || $src -nt $obj || $newest_header -nt $obj ]]; then
     clang++ "${flags[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$obj"
   fi
   objects+=("$obj")
