@@ -88,6 +88,26 @@ double MedianKernelUs(CudaBackend& gpu, const Step& step) {
   return us[us.size() / 2];
 }
 
+// `requests` DECODE requests of q rows each (request i reads rows i*q..), BenchParams, fixed
+// drafts with the dense rows of `drafts` (q - 1 a request) as their distributions; with
+// `adjust`, AddBenchAdjustments' token adjustments too.
+void AddBenchDecodeRequests(Step& step, int requests, int q, const HostLogits& drafts,
+                            bool adjust) {
+  for (int i = 0; i < requests; ++i) {
+    RequestInputs r;
+    r.request_id = "r" + std::to_string(i);
+    r.first_row = i * q;
+    r.num_rows = q;
+    r.sample_position = 100;
+    r.params = BenchParams(i);
+    if (adjust) AddBenchAdjustments(r.params, r.output_token_ids, i);
+    for (int j = 0; j < q - 1; ++j) r.draft_token_ids.push_back((i * 7919 + j * 104729) % kVocab);
+    r.drafts.form = DraftDistributions::Form::kDense;
+    r.drafts.values = drafts.RowsView(i * (q - 1), q - 1);
+    step.requests.push_back(r);
+  }
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -222,19 +242,7 @@ int Main(int argc, char** argv) {
       const int q = 6, requests = c.rows / q;
       drafts = HostLogits(requests * (q - 1), kVocab, 12, 2.0f);
       for (size_t i = 0; i < drafts.values.size(); ++i) drafts.values[i] = -11.77f;  // ~uniform
-      for (int i = 0; i < requests; ++i) {
-        RequestInputs r;
-        r.request_id = "r" + std::to_string(i);
-        r.first_row = i * q;
-        r.num_rows = q;
-        r.sample_position = 100;
-        r.params = BenchParams(i);
-        if (c.adjust) AddBenchAdjustments(r.params, r.output_token_ids, i);
-        for (int j = 0; j < q - 1; ++j) r.draft_token_ids.push_back((i * 7919 + j * 104729) % kVocab);
-        r.drafts.form = DraftDistributions::Form::kDense;
-        r.drafts.values = drafts.RowsView(i * (q - 1), q - 1);
-        step.requests.push_back(r);
-      }
+      AddBenchDecodeRequests(step, requests, q, drafts, c.adjust);
     } else if (c.rows == 8192) {
       RequestInputs r = PrefillRequest("p", c.rows - 1, 1, c.rows);
       r.params = BenchParams(1);
@@ -364,18 +372,7 @@ int Main(int argc, char** argv) {
       Step host = MakeStep(StepKind::kDecode, logits, kVocab);
       host.logits.data = device_logits;
       host.logits.on_device = true;
-      for (int i = 0; i < requests; ++i) {
-        RequestInputs r;
-        r.request_id = "r" + std::to_string(i);
-        r.first_row = i * q;
-        r.num_rows = q;
-        r.sample_position = 100;
-        r.params = BenchParams(i);
-        for (int j = 0; j < q - 1; ++j) r.draft_token_ids.push_back((i * 7919 + j * 104729) % kVocab);
-        r.drafts.form = DraftDistributions::Form::kDense;
-        r.drafts.values = drafts.RowsView(i * (q - 1), q - 1);
-        host.requests.push_back(r);
-      }
+      AddBenchDecodeRequests(host, requests, q, drafts, /*adjust=*/false);
       Step device = host;
       for (RequestInputs& r : device.requests) {
         r.drafts.values.data = static_cast<const char*>(device_drafts) +

@@ -41,6 +41,11 @@ StepResult RunOn(CpuBackend& backend, const Step& step) {
   return std::move(*result);
 }
 
+// SPEC 3 step 8's worked example as logits: p = [0.5, 0.3, 0.15, 0.05].
+std::vector<float> XtcExampleLogits() {
+  return {std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
+}
+
 // One PREFILL request on a one-row step of `values`.
 StepResult PrefillOne(const std::vector<float>& values, const SamplingParams& params,
                       uint64_t position = 41) {
@@ -108,8 +113,7 @@ TEST(Xtc, SpecWorkedExample) {
   params.xtc_threshold = 0.1f;
   params.top_logprobs = 4;
   params.seq_seed = 9;
-  const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.15f),
-                                     std::log(0.05f)};
+  const std::vector<float> logits = XtcExampleLogits();
   const RequestResult r = PrefillOne(logits, params).results[0];
   ASSERT_TRUE(r.status.ok()) << r.status;
   EXPECT_EQ(r.top_logprobs[0].token_ids, (std::vector<int32_t>{2, 3, -1, -1}));
@@ -130,8 +134,7 @@ TEST(Xtc, SpecWorkedExample) {
 // probability 0.5, the row is filtered exactly when it falls below (both cases occur), in
 // PREFILL, DRAFT (the DRAFT seed domain and position) and each DECODE row (its own position).
 TEST(Xtc, TheDrawIsReplayableFromItsKey) {
-  const std::vector<float> values = {std::log(0.5f), std::log(0.3f), std::log(0.15f),
-                                     std::log(0.05f)};
+  const std::vector<float> values = XtcExampleLogits();
   int filtered = 0, kept = 0;
   for (uint64_t seed = 0; seed < 200; ++seed) {
     SamplingParams params;
@@ -206,8 +209,7 @@ TEST(Xtc, TheDrawIsReplayableFromItsKey) {
 // XTC removed has p = 0 and is always rejected; its replacement is one of the kept tokens.
 TEST(Xtc, VerificationUsesTheFilteredDistribution) {
   HostLogits logits(2, 4);
-  const std::vector<float> values = {std::log(0.5f), std::log(0.3f), std::log(0.15f),
-                                     std::log(0.05f)};
+  const std::vector<float> values = XtcExampleLogits();
   for (int row = 0; row < 2; ++row) std::copy(values.begin(), values.end(), logits.Row(row));
   HostLogits q_rows(1, 4);
   q_rows.values = {std::log(0.97f), std::log(0.01f), std::log(0.01f), std::log(0.01f)};
