@@ -345,6 +345,50 @@ int Main(int argc, char** argv) {
     cudaFree(forward_buffer);
     cudaFree(device);
   }
+  // Issue 50's cost: PREFILL steps of R = 16 and 384 rows (fp32, V = kVocab, the benchmark's
+  // parameters) with top-nσ (n = 1), with XTC (probability 1, threshold 0.1: every row's draw
+  // fires), with RAW logprobs, each against the same step without, alternating over 5 rounds of
+  // 50 steps, medians of the rounds (kernels; Sample()'s wall time beside).
+  if (only.empty() || only == "issue50") {
+    std::printf("\nissue 50 (prefill, fp32, T 0.7 top-k 50 top-p 0.95 top-5 logprobs; kernels us "
+                "with vs without, Sample() wall us with vs without):\n");
+    for (int rows : {16, 384}) {
+      HostLogits logits(rows, kVocab, 17, 2.0f);
+      void* device;
+      const size_t bytes = logits.values.size() * sizeof(float);
+      SAMPLERD_CUDA_CHECK(cudaMalloc(&device, bytes));
+      SAMPLERD_CUDA_CHECK(cudaMemcpy(device, logits.values.data(), bytes, cudaMemcpyHostToDevice));
+      Step plain = MakeStep(StepKind::kPrefill, logits, kVocab);
+      plain.logits.data = device;
+      plain.logits.on_device = true;
+      for (int r = 0; r < rows; ++r) {
+        RequestInputs req = PrefillRequest("r" + std::to_string(r), r, r, 100);
+        req.params = BenchParams(r);
+        plain.requests.push_back(req);
+      }
+      const std::pair<const char*, std::function<void(SamplingParams&)>> variants[] = {
+          {"top-nσ n=1", [](SamplingParams& p) { p.top_n_sigma = 1.0f; }},
+          {"XTC p=1 t=0.1", [](SamplingParams& p) { p.xtc_probability = 1.0f; }},
+          {"RAW logprobs", [](SamplingParams& p) { p.logprobs_mode = 1; }},
+      };
+      for (const auto& [name, apply] : variants) {
+        Step with = plain;
+        for (RequestInputs& r : with.requests) apply(r.params);
+        std::vector<double> pk, wk, pw, ww;
+        for (int round = 0; round < 5; ++round) {
+          double w;
+          pk.push_back(MedianSample(**gpu, plain, 50, nullptr, &w));
+          pw.push_back(w);
+          wk.push_back(MedianSample(**gpu, with, 50, nullptr, &w));
+          ww.push_back(w);
+        }
+        std::printf("  R=%-4d %-14s kernels %8.1f vs %8.1f us (%+7.1f%%)   wall %8.1f vs %8.1f us\n",
+                    rows, name, Median(wk), Median(pk), 100.0 * (Median(wk) / Median(pk) - 1.0),
+                    Median(ww), Median(pw));
+      }
+      cudaFree(device);
+    }
+  }
   // Device drafts (issue 47): DECODE steps of q = 6 rows a request (R = 6, 96, 384), fp32
   // logits on the device, dense fp32 drafts of q - 1 rows a request sent from the host (built
   // into q rows and uploaded by Sample) against the same tensor in device memory (read in

@@ -104,8 +104,10 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
   }
   cluster.sync();  // every block has read `part` before it is rewritten below
   stage(2);
-  // Force top-N rows go to the general algorithm, which checks the temperature itself.
-  const bool force = !prompt && job.force_top_n > 0 && job.force_top_n < V;
+  // Force top-N rows and those with issue 50's parameters go to the general algorithm, which
+  // checks the temperature itself.
+  const bool force = (!prompt && job.force_top_n > 0 && job.force_top_n < V) ||
+                     NeedsWholeRowSelections(job);
   const int32_t fault = RowFault(any_bad, x_min, x_max, job.temperature, !force);
   if (fault != 0) {
     if (rank == 0 && threadIdx.x == 0) out.status = fault;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "sampler/dtype.h"
+#include "sampler/spec_rules.h"
 
 namespace samplerd {
 namespace cuda {
@@ -78,6 +79,12 @@ StepJobs BuildStepJobs(const StepPlan& plan, const std::vector<RowTask>& tasks,
     j.want_sum_smaller = step.compute_sum_smaller_probs ? 1 : 0;
     j.seed = request.seed;
     j.position = row.position;
+    // Issue 50: XTC's draw is decided here, keyed as the CPU keys it (XtcUniform).
+    j.top_n_sigma = request.params.top_n_sigma;
+    j.xtc = request.params.xtc_probability > 0.0f &&
+            XtcUniform(request.seed, row.position) < request.params.xtc_probability;
+    j.xtc_threshold = request.params.xtc_threshold;
+    j.raw_logprobs = request.params.raw_logprobs ? 1 : 0;
     h.request = task.request;
     h.index = task.index;
     h.mask = row.mask;
@@ -144,6 +151,7 @@ StepJobs BuildStepJobs(const StepPlan& plan, const std::vector<RowTask>& tasks,
       j.golden = -1;
       j.draft_token = -1;
       j.target = inputs.prompt_targets[k];
+      j.raw_logprobs = request.params.raw_logprobs ? 1 : 0;
       h.request = static_cast<int32_t>(i);
       h.index = static_cast<int32_t>(k);
       out.jobs.push_back(std::move(h));

@@ -22,6 +22,11 @@ static __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) 
   const bool has_penalties = job.update_end > job.update_begin;
   const int force_n = prompt ? 0 : job.force_top_n;
   RowScores scores{x, V, job.temperature, false, 0u, 0};
+  // Issue 50: top-nσ and XTC (not on prompt rows), RAW logprobs. Rows with any of them take
+  // the whole-row selections below, never the candidates.
+  const bool sigma = !prompt && job.top_n_sigma > 0.0f;
+  const bool xtc = !prompt && job.xtc != 0;
+  const bool raw = job.raw_logprobs != 0;
 
   // Row max of x (the prepare kernel's, unless penalties moved values).
   float x_max = FromOrderKey(p.row_max[j]);
@@ -50,8 +55,34 @@ static __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) 
     }
     __syncthreads();
   }
+  // Top-nσ (SPEC 3 step 4): over the finite x left by force top-N, their max M (x_max: force
+  // keeps the largest), mean and population deviation in float64, two passes (as the CPU);
+  // x < M - n * sigma is removed, so never the max.
+  if (sigma) {
+    double sum_local = 0.0;
+    unsigned long long n_local = 0;
+    for (int c = threadIdx.x; c < V; c += blockDim.x) {
+      const float v = scores.Kept(c);
+      if (v == kNegInf) continue;
+      sum_local += v;
+      ++n_local;
+    }
+    const double sum = BlockReduce(sum_local, SumOp(), sh.scratch_d);
+    const unsigned long long n = BlockReduce(n_local, SumOp(), sh.scratch_u);
+    const double mean = sum / static_cast<double>(n);
+    double squares_local = 0.0;
+    for (int c = threadIdx.x; c < V; c += blockDim.x) {
+      const float v = scores.Kept(c);
+      if (v == kNegInf) continue;
+      const double d = static_cast<double>(v) - mean;
+      squares_local += d * d;
+    }
+    const double squares = BlockReduce(squares_local, SumOp(), sh.scratch_d);
+    scores.sigma_floor = static_cast<double>(x_max) -
+                         static_cast<double>(job.top_n_sigma) * sqrt(squares / static_cast<double>(n - 1));
+  }
   // SPEC 3: a finite kept value that the temperature pushes out of float32 fails the row. Only
-  // T < 1 can; force top-N decides which values are kept, so this pass follows it.
+  // T < 1 can; force top-N and top-nσ decide which values are kept, so this pass follows them.
   if (job.temperature < 1.0f) {
     int overflow = 0;
     for (int c = threadIdx.x; c < V; c += blockDim.x) overflow |= scores.Overflows(c) ? 1 : 0;
@@ -119,7 +150,9 @@ static __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) 
     }
     unsigned int count = 0;
     for (int b = 0; b <= last; ++b) count += sh.hist_count[b];
-    sh.count = count <= static_cast<unsigned int>(kCandidateCapacity) ? static_cast<int>(count) : -1;
+    sh.count = count <= static_cast<unsigned int>(kCandidateCapacity) && !sigma && !xtc && !raw
+                   ? static_cast<int>(count)
+                   : -1;
     sh.sel_id = last;
   }
   __syncthreads();
@@ -186,27 +219,85 @@ static __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) 
       }
       __syncthreads();
     }
+    // XTC's removal (SPEC 3 step 8): the kept tokens ranked at or before (head_key, head_id).
+    bool head = false;
+    uint32_t head_key = 0;
+    int head_id = -1;
     auto kept_fn = [&](int c, float* s_out) {
       const float s = scores(c);
       *s_out = s;
       if (s == kNegInf) return false;
       if (cut && !AtOrBefore(OrderKey(s), c, cut_key, cut_id)) return false;
       if (min_p > 0.0f && MinPRemoves(expf(s - M), min_p)) return false;
+      if (head && AtOrBefore(OrderKey(s), c, head_key, head_id)) return false;
       return true;
     };
-    double zk_local = 0.0;
-    unsigned long long zk_mass_local = 0;
-    for (int c = threadIdx.x; c < V; c += blockDim.x) {
-      float s;
-      if (kept_fn(c, &s)) {
-        const float e = expf(s - M);
-        zk_local += e;
-        zk_mass_local += ToMass(e);
+    double Zk = 0.0;
+    unsigned long long Zk_mass = 0;
+    auto sum_kept = [&] {
+      double zk_local = 0.0;
+      unsigned long long zk_mass_local = 0;
+      for (int c = threadIdx.x; c < V; c += blockDim.x) {
+        float s;
+        if (kept_fn(c, &s)) {
+          const float e = expf(s - M);
+          zk_local += e;
+          zk_mass_local += ToMass(e);
+        }
+      }
+      Zk = BlockReduce(zk_local, SumOp(), sh.scratch_d);
+      Zk_mass = BlockReduce(zk_mass_local, SumOp(), sh.scratch_u);
+    };
+    sum_kept();
+    if (xtc) {
+      // The kept tokens with p >= threshold are a prefix of the kept order (p grows with s):
+      // when there are two or more, every one but the last goes. The last removed one is the
+      // (count - 1)-th kept element (0-based count - 2) by count.
+      const double limit = static_cast<double>(job.xtc_threshold);
+      unsigned long long above_local = 0;
+      for (int c = threadIdx.x; c < V; c += blockDim.x) {
+        float s;
+        if (kept_fn(c, &s) && static_cast<double>(expf(s - M)) / Zk >= limit) ++above_local;
+      }
+      const unsigned long long above = BlockReduce(above_local, SumOp(), sh.scratch_u);
+      if (above >= 2) {
+        RadixSelect(sh, V,
+                    [&](int c, uint32_t* k) -> unsigned long long {
+                      float s;
+                      const bool kept = kept_fn(c, &s);
+                      *k = OrderKey(s);
+                      return kept ? 1ull : 0ull;
+                    },
+                    above - 2);
+        head = sh.sel_id >= 0;
+        head_key = sh.sel_key;
+        head_id = sh.sel_id;
+        __syncthreads();
+        if (head) sum_kept();
       }
     }
-    const double Zk = BlockReduce(zk_local, SumOp(), sh.scratch_d);
-    const unsigned long long Zk_mass = BlockReduce(zk_mass_local, SumOp(), sh.scratch_u);
     const double log_zk = log(Zk);
+    // SPEC 7's RAW mode: the logits as sent (columns < V), their max and log-sum-exp.
+    const char* raw_row = static_cast<const char*>(p.logits) +
+                          static_cast<int64_t>(job.logits_row) * p.row_stride *
+                              (p.dtype == DType::kFloat32 ? 4 : 2);
+    float raw_max = kNegInf;
+    double raw_log_sum = 0.0;
+    if (raw) {
+      float m_local = kNegInf;
+      for (int c = threadIdx.x; c < V; c += blockDim.x) m_local = fmaxf(m_local, LoadLogit(raw_row, p.dtype, c));
+      raw_max = BlockReduce(m_local, MaxOp(), sh.scratch_f);
+      double z_local = 0.0;
+      for (int c = threadIdx.x; c < V; c += blockDim.x) {
+        z_local += expf(LoadLogit(raw_row, p.dtype, c) - raw_max);
+      }
+      raw_log_sum = log(BlockReduce(z_local, SumOp(), sh.scratch_d));
+    }
+    auto raw_lp = [&](int t) {
+      if (t < 0 || t >= V) return kNegInf;
+      return static_cast<float>(static_cast<double>(LoadLogit(raw_row, p.dtype, t)) -
+                                static_cast<double>(raw_max) - raw_log_sum);
+    };
     auto kept_mass = [&](int c, uint32_t* k) -> unsigned long long {
       float s;
       const bool kept = kept_fn(c, &s);
@@ -219,7 +310,7 @@ static __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) 
       return static_cast<float>(static_cast<double>(s) - M - log_zk);
     };
     if (prompt) {
-      prompt_lp = lp_of(job.target);
+      prompt_lp = raw ? raw_lp(job.target) : lp_of(job.target);
     } else {
       auto p_of = [&](int d) {
         float s_d = kNegInf;
@@ -267,7 +358,7 @@ static __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) 
         token = sh.sel_id;
         __syncthreads();
       }
-      logprob = lp_of(token);
+      logprob = raw ? raw_lp(token) : lp_of(token);
       if (job.want_sum_smaller) {
         float pivot;
         const bool t_kept = kept_fn(token, &pivot);
@@ -280,19 +371,30 @@ static __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) 
         }
         sum_smaller = static_cast<float>(BlockReduce(local, SumOp(), sh.scratch_d) / Zk);
       }
-      // Top logprobs: the i-th kept element by count, one selection each (at most 64).
+      // Top logprobs: the i-th kept element by count, one selection each (at most 64); in
+      // RAW mode the i-th finite raw logit.
       for (int i = 0; i < job.top_logprobs; ++i) {
-        RadixSelect(sh, V,
-                    [&](int c, uint32_t* k) -> unsigned long long {
-                      float s;
-                      const bool kept = kept_fn(c, &s);
-                      *k = OrderKey(s);
-                      return kept ? 1ull : 0ull;
-                    },
-                    static_cast<unsigned long long>(i));
+        if (raw) {
+          RadixSelect(sh, V,
+                      [&](int c, uint32_t* k) -> unsigned long long {
+                        const float v = LoadLogit(raw_row, p.dtype, c);
+                        *k = OrderKey(v);
+                        return v == kNegInf ? 0ull : 1ull;
+                      },
+                      static_cast<unsigned long long>(i));
+        } else {
+          RadixSelect(sh, V,
+                      [&](int c, uint32_t* k) -> unsigned long long {
+                        float s;
+                        const bool kept = kept_fn(c, &s);
+                        *k = OrderKey(s);
+                        return kept ? 1ull : 0ull;
+                      },
+                      static_cast<unsigned long long>(i));
+        }
         if (threadIdx.x == 0) {
           out.top_ids[i] = sh.sel_id;
-          out.top_logprobs[i] = sh.sel_id >= 0 ? lp_of(sh.sel_id) : kNegInf;
+          out.top_logprobs[i] = sh.sel_id < 0 ? kNegInf : raw ? raw_lp(sh.sel_id) : lp_of(sh.sel_id);
         }
         __syncthreads();
       }

@@ -33,6 +33,7 @@ struct Shared {
 };
 
 // The row's scores s = x / T with force top-N applied; keptN by threshold (key, id) on x.
+// Top-nσ (SPEC 3 step 4, after force top-N) removes x < sigma_floor (compared in float64).
 struct RowScores {
   const float* x;
   int V;
@@ -40,24 +41,26 @@ struct RowScores {
   bool force;
   uint32_t n_key;
   int n_id;
-  __device__ float operator()(int c) const {
+  double sigma_floor = -INFINITY;
+  // x after step 4 (force top-N, then top-nσ): -inf where removed.
+  __device__ float Kept(int c) const {
     const float v = x[c];
     if (v == kNegInf) return kNegInf;
     if (force) {
       const uint32_t k = OrderKey(v);
       if (!(k > n_key || (k == n_key && c <= n_id))) return kNegInf;
     }
-    return v / T;
+    if (static_cast<double>(v) < sigma_floor) return kNegInf;
+    return v;
+  }
+  __device__ float operator()(int c) const {
+    const float v = Kept(c);
+    return v == kNegInf ? kNegInf : v / T;
   }
   // Whether the temperature pushes token c's finite, kept x out of the float32 range.
   __device__ bool Overflows(int c) const {
-    const float v = x[c];
-    if (v == kNegInf) return false;
-    if (force) {
-      const uint32_t k = OrderKey(v);
-      if (!(k > n_key || (k == n_key && c <= n_id))) return false;
-    }
-    return isinf(v / T);
+    const float v = Kept(c);
+    return v != kNegInf && isinf(v / T);
   }
 };
 
