@@ -24,7 +24,9 @@ its p50 minus the model alone's in the same loop. The model alone must be the fa
 loop (within 3%, the noise of a host-bound step): where it is not the baseline is broken, the
 parts of every mode are printed and the run exits 1. Every KV length is run once before the
 timing: the first forward at a new length costs ~40 ms of one-off setup, which once fell on
-whichever mode reached a position first and made the model alone the slowest. `--mps` starts a private MPS control daemon for the run (and always stops it):
+whichever mode reached a position first and made the model alone the slowest. `--graph` runs
+the model's step as one captured CUDA graph (as engines decode): the step is then GPU-bound, and
+what each sampler adds to it is no longer hidden behind Python's launches. `--mps` starts a private MPS control daemon for the run (and always stops it):
 samplerd and this process become clients of one MPS server. `samplerctl bench`'s p50 for the
 same step shape is printed beside.
 
@@ -63,14 +65,69 @@ class Model(torch.nn.Module):
         self.lm_head = w(vocab, d)
         self.k = torch.zeros(layers, batch, heads, max_len, self.hd, device="cuda", dtype=torch.bfloat16)
         self.v = torch.zeros_like(self.k)
-        self.pos = 0
+        self.batch, self.max_len = batch, max_len
+        self._pos = 0
+        self.graph = None
+
+    @property
+    def pos(self):
+        return self._pos
+
+    @pos.setter
+    def pos(self, value):
+        self._pos = value
+        if self.graph is not None:
+            self.pos_t.fill_(value)  # the captured forward reads its position from the device
 
     @staticmethod
     def norm(x):
         return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype)
 
+    def capture(self, out):
+        """Captures one decode step as a CUDA graph (as engines run decode): the step's host
+        cost becomes one replay, so the GPU, not Python's launches, sets the step time and
+        what a sampler adds to it shows. Its position lives on the device (pos_t), the KV
+        write and the attention mask follow it; the logits go to `out`."""
+        self.pos_t = torch.zeros((), dtype=torch.long, device="cuda")
+        self.cols = torch.arange(self.max_len, device="cuda")
+        self.static_tokens = torch.zeros(self.batch, dtype=torch.long, device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                self._graph_step(out)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self._graph_step(out)
+        self.graph_out = out
+        self.pos = 0
+
+    def _graph_step(self, out):
+        B = self.batch
+        x = self.embed[self.static_tokens]
+        at = self.pos_t.view(1)
+        mask = (self.cols <= self.pos_t).view(1, 1, 1, -1)
+        for i, L in enumerate(self.layers):
+            q, k, v = F.linear(self.norm(x), L["qkv"]).view(B, 3, self.heads, self.hd).unbind(1)
+            self.k[i].index_copy_(2, at, k.unsqueeze(2))
+            self.v[i].index_copy_(2, at, v.unsqueeze(2))
+            a = F.scaled_dot_product_attention(q.unsqueeze(2), self.k[i], self.v[i],
+                                               attn_mask=mask).view(B, -1)
+            x = x + F.linear(a, L["o"])
+            gate, up = F.linear(self.norm(x), L["up"]).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, L["down"])
+        torch.matmul(self.norm(x), self.lm_head.t(), out=out)
+        self.pos_t += 1
+
     def forward(self, tokens, out=None):
         """tokens [B] on the device -> logits [B, V] (bf16), written into `out` when given."""
+        if self.graph is not None:
+            assert out is self.graph_out
+            self.static_tokens.copy_(tokens)
+            self.graph.replay()
+            self._pos += 1
+            return out
         B = tokens.shape[0]
         x = self.embed[tokens]
         p = self.pos
@@ -83,7 +140,7 @@ class Model(torch.nn.Module):
             x = x + F.linear(a, L["o"])
             gate, up = F.linear(self.norm(x), L["up"]).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, L["down"])
-        self.pos += 1
+        self._pos += 1
         if out is None:
             return F.linear(self.norm(x), self.lm_head)
         return torch.matmul(self.norm(x), self.lm_head.t(), out=out)
@@ -322,6 +379,8 @@ def main():
     ap.add_argument("--transports", default="channel,grpc")
     ap.add_argument("--loops", default="sync,async")
     ap.add_argument("--mps", action="store_true")
+    ap.add_argument("--graph", action="store_true",
+                    help="the model's step as one CUDA graph (GPU-bound, as engines decode)")
     args = ap.parse_args()
     if args.mps:
         start_mps()
@@ -331,12 +390,15 @@ def main():
     client.wait_ready()
     info = client.server_info()
     print(f"device: {torch.cuda.get_device_name()}; samplerd backend {info.backend}, "
-          f"{'an MPS client' if info.mps else 'no MPS'}")
+          f"{'an MPS client' if info.mps else 'no MPS'}; the model "
+          f"{'as one CUDA graph a step' if args.graph else 'eager'}")
     broken = False
     for B in [int(b) for b in args.batches.split(",")]:
         blocks = max(1, args.steps // BLOCK)
         model = Model(batch=B, max_len=blocks * (BLOCK + WARMUP) + 8)
         model.logits = torch.empty(B, VOCAB, device="cuda", dtype=torch.bfloat16)
+        if args.graph:
+            model.capture(model.logits)
         # Every KV length the loops will use, once, untimed: the first forward at each new
         # length pays ~40 ms of one-off setup (measured), which fell on whichever mode ran a
         # position first (the model alone) and made the baseline the slowest mode.

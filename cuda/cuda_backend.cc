@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -29,9 +30,9 @@ namespace {
 constexpr size_t kMaxJobsPerLaunch = 8192;
 
 // Writes a step's tokens where its StepOutput asked (issue 46), on `stream`, in the order the
-// proto promises: token ids, accept counts, the done word, then the done event. The tokens are
-// the assembled results (a DECODE's accepted prefix is decided on the host), so they are copied
-// up from here; the step waits for the copies, so the host arrays and the regions' leases
+// proto promises: token ids, accept counts, the done word, then the done event, for the steps
+// whose output the device cannot write itself (PlanDeviceOutput). The tokens are the assembled
+// results, so they are copied up from here; the step waits for the copies, so the host arrays and the regions' leases
 // outlive them. The host array holds only the columns some request filled: the client's
 // tokens_per_request (as large as its region) costs device memsets, never host memory.
 absl::Status WriteStepOutput(cudaStream_t stream, const StepOutputTarget& out,
@@ -143,7 +144,8 @@ struct CudaBackend::Impl {
   // The device part of a step on `lane`: host logits copied over (or the producer's event
   // waited for), then the jobs in launches of at most kMaxJobsPerLaunch.
   absl::Status RunOnLane(cuda::Lane& lane, const Step& step, cuda::StepJobs& jobs,
-                         std::vector<cuda::RowResult>& results, float* kernel_us);
+                         const cuda::DeviceOutput* output, std::vector<cuda::RowResult>& results,
+                         float* kernel_us);
 
   const CudaBackendOptions options;
   // Declared before the pool: the pool's rows free themselves into the store (which their
@@ -165,7 +167,7 @@ struct CudaBackend::Impl {
 };
 
 absl::Status CudaBackend::Impl::RunOnLane(cuda::Lane& lane, const Step& step,
-                                          cuda::StepJobs& jobs,
+                                          cuda::StepJobs& jobs, const cuda::DeviceOutput* output,
                                           std::vector<cuda::RowResult>& results,
                                           float* kernel_us) {
   if (lane.broken) RETURN_IF_ERROR(lane.Recover());
@@ -203,6 +205,7 @@ absl::Status CudaBackend::Impl::RunOnLane(cuda::Lane& lane, const Step& step,
     launch.split_path = split_path;
   }
   launch.probe = held_probe.get();
+  launch.output = output;  // PlanDeviceOutput: only for a step of one launch
   for (size_t begin = 0; begin < jobs.jobs.size(); begin += kMaxJobsPerLaunch) {
     const size_t end = std::min(jobs.jobs.size(), begin + kMaxJobsPerLaunch);
     RETURN_IF_ERROR(cuda::LaunchJobs(lane, step, device_logits, jobs, begin, end, launch,
@@ -264,36 +267,19 @@ void CudaBackend::set_split_path(bool on) {
   impl_->split_path = on;
 }
 
-namespace {
-
-// Issue 50's parameters are built on the CPU backend only so far: a request that asks for one
-// fails alone with FAILED_PRECONDITION naming it, rather than being answered without it.
-void RefuseUnbuiltParams(const StepPlan& plan, StepResult& result) {
-  for (size_t i = 0; i < plan.requests.size(); ++i) {
-    const NormalizedParams& p = plan.requests[i].params;
-    const char* field = p.top_n_sigma > 0.0f        ? "top_n_sigma"
-                        : p.xtc_probability > 0.0f  ? "xtc_probability"
-                        : p.raw_logprobs            ? "logprobs_mode"
-                                                    : nullptr;
-    if (field == nullptr || !result.results[i].status.ok()) continue;
-    result.results[i].status = absl::FailedPreconditionError(
-        absl::StrCat(RequestField(i), ".params.", field,
-                     ": not built on the CUDA backend yet (the CPU backend serves it)"));
-  }
-}
-
-}  // namespace
 
 absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
   Impl& impl = *impl_;
   SAMPLERD_CUDA_RETURN(cudaSetDevice(impl.options.device));
   StepResult result = BeginStepResult(plan);
-  RefuseUnbuiltParams(plan, result);
   std::vector<DraftPool::Entry> pool_entries;
   TakeDecodeDrafts(plan, impl.pool, result, &pool_entries);
   const std::vector<RowTask> tasks = RowTasks(plan, result);
   // The host work overlaps other steps' kernels; only the device part takes a lane.
   cuda::StepJobs jobs = cuda::BuildStepJobs(plan, tasks, pool_entries, *impl.draft_store, result);
+  // The StepOutput (issue 46) from the device where the step allows it, else from the host.
+  const std::optional<cuda::DeviceOutput> device_output =
+      cuda::PlanDeviceOutput(plan, jobs, result, kMaxJobsPerLaunch);
 
   cuda::Lane* lane = impl.AcquireLane();
   struct LaneGuard {
@@ -304,7 +290,9 @@ absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
   std::vector<cuda::RowResult> results;
   results.reserve(jobs.jobs.size());
   float kernel_us = 0.0f;
-  const absl::Status device_status = impl.RunOnLane(*lane, *plan.step, jobs, results, &kernel_us);
+  const absl::Status device_status = impl.RunOnLane(*lane, *plan.step, jobs,
+                                                      device_output ? &*device_output : nullptr,
+                                                      results, &kernel_us);
   if (!device_status.ok()) {
     // The step fails as a whole (its error names the call and, for a launch, the launch); the
     // lane is made usable for the next step before it is released.
@@ -325,7 +313,7 @@ absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
   result.kernel_us = kernel_us;
   cuda::DecodedResults decoded = cuda::DecodeJobResults(plan, jobs, results, result);
   AssembleStepResult(plan, tasks, decoded.outcomes, decoded.prompt_logprobs, impl.pool, result);
-  if (plan.step->output.any()) {
+  if (plan.step->output.any() && !device_output) {
     RETURN_IF_ERROR(WriteStepOutput(lane->stream, plan.step->output, result));
   }
   return result;

@@ -182,6 +182,112 @@ TEST(CudaBackend, PrefillMatchesCpuOverEveryFeature) {
   // Each differing token was checked against SPEC 8's band in Compare.
 }
 
+// Issue 50: top-nσ, XTC and RAW logprobs, alone and mixed with the other parameters, force
+// top-N and grammar masks, on the fused path's general fallback and on the three-kernel path
+// (V = 400,000); prompt logprobs in RAW mode; DECODE rows verifying against XTC's
+// distribution. Both backends agree (tokens, or SPEC 8's band; logprobs to 1e-5).
+std::vector<SamplingParams> Issue50ParamSets() {
+  std::vector<SamplingParams> sets;
+  SamplingParams p;
+  p.top_n_sigma = 1.0f; p.temperature = 0.8f; p.top_logprobs = 5; sets.push_back(p);
+  p = {}; p.top_n_sigma = 2.5f; p.top_k = 50; p.top_p = 0.9f; p.top_logprobs = 2; sets.push_back(p);
+  p = {}; p.xtc_probability = 1.0f; p.temperature = 0.3f; p.top_logprobs = 3; sets.push_back(p);
+  p = {}; p.xtc_probability = 0.5f; p.xtc_threshold = 0.05f; p.top_k = 20; p.temperature = 0.5f;
+  sets.push_back(p);
+  p = {}; p.logprobs_mode = 1; p.top_logprobs = 8; p.temperature = 0.7f; p.top_k = 50;
+  p.repetition_penalty = 1.2f; sets.push_back(p);
+  p = {}; p.top_n_sigma = 1.5f; p.xtc_probability = 1.0f; p.xtc_threshold = 0.08f;
+  p.logprobs_mode = 1; p.min_p = 0.02f; p.temperature = 0.6f; p.top_logprobs = 4; sets.push_back(p);
+  return sets;
+}
+
+TEST(CudaBackend, TopNSigmaXtcAndRawLogprobsMatchCpu) {
+  auto gpu = Gpu();
+  ASSERT_NE(gpu, nullptr);
+  auto cpu = Cpu();
+  CompareTally tally;
+  uint64_t seed = 7000;
+  for (int32_t vocab : {1000, 32000, 129280, 400000}) {
+    for (const SamplingParams& params : Issue50ParamSets()) {
+      for (int32_t force : {0, 64}) {
+        const bool masks = force == 0 && vocab < 100000;
+        const int rows = vocab > 50000 ? 3 : 8;
+        HostLogits logits(rows, vocab, seed, vocab == 1000 ? 3.5f : 2.5f);
+        std::vector<std::string> mask_storage;
+        mask_storage.reserve(rows);
+        const Step step = PrefillStep(logits, vocab, rows, seed, params, force, masks, &mask_storage);
+        CompareWithCpu(RunStep(*cpu, step), RunStep(*gpu, step), tally,
+                       "issue 50 V=" + std::to_string(vocab) + " seed=" + std::to_string(seed), step);
+        ++seed;
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+  // Prompt logprobs in RAW mode (bfloat16 logits, as a worker sends them), beside a processed one.
+  {
+    const int32_t vocab = 32000;
+    HostLogits f32(8, vocab, 77, 2.0f);
+    std::vector<uint16_t> bf16(f32.values.size());
+    for (size_t i = 0; i < bf16.size(); ++i) bf16[i] = FloatToBFloat16(f32.values[i]);
+    Step step = MakeStep(StepKind::kPrefill, f32, vocab);
+    step.logits.data = bf16.data();
+    step.logits.dtype = DType::kBFloat16;
+    for (int i = 0; i < 2; ++i) {
+      RequestInputs r;
+      r.request_id = "p" + std::to_string(i);
+      r.first_row = 4 * i + 3;
+      r.num_rows = 1;
+      r.params.seq_seed = 90 + i;
+      r.params.temperature = 0.7f;
+      r.params.top_k = 100;
+      r.params.top_logprobs = 3;
+      r.params.logprobs_mode = i;
+      r.prompt_first_row = 4 * i;
+      r.prompt_targets = {5, 6, 7};
+      step.requests.push_back(r);
+    }
+    CompareWithCpu(RunStep(*cpu, step), RunStep(*gpu, step), tally, "raw prompt logprobs", step);
+  }
+  // DECODE: drafts near the target, so that some are accepted under XTC's distribution.
+  for (int set = 2; set < 6; ++set) {
+    const int32_t vocab = 32000, requests = 4, q = 3;
+    HostLogits target(requests * q, vocab, 300 + set, 3.0f);
+    HostLogits drafts(requests * (q - 1), vocab, 400 + set, 1.0f);
+    std::vector<std::vector<int32_t>> ids(requests);
+    for (int i = 0; i < requests; ++i) {
+      for (int j = 0; j < q - 1; ++j) {
+        float* row = drafts.Row(i * (q - 1) + j);
+        const float* t = target.Row(i * q + j);
+        for (int32_t c = 0; c < vocab; ++c) row[c] = t[c] + 0.3f * row[c];
+        const float m = *std::max_element(row, row + vocab);
+        double z = 0.0;
+        for (int32_t c = 0; c < vocab; ++c) z += std::exp(static_cast<double>(row[c] - m));
+        for (int32_t c = 0; c < vocab; ++c) row[c] = row[c] - m - static_cast<float>(std::log(z));
+        ids[i].push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row) + j);
+      }
+    }
+    Step step = MakeStep(StepKind::kDecode, target, vocab);
+    step.compute_sum_smaller_probs = true;
+    for (int i = 0; i < requests; ++i) {
+      RequestInputs r;
+      r.request_id = "r" + std::to_string(i);
+      r.first_row = i * q;
+      r.num_rows = q;
+      r.sample_position = 40 + i;
+      r.params = Issue50ParamSets()[set];
+      r.params.seq_seed = 600 + 10 * set + i;
+      r.draft_token_ids = ids[i];
+      r.drafts.form = DraftDistributions::Form::kDense;
+      r.drafts.values = drafts.RowsView(i * (q - 1), q - 1);
+      step.requests.push_back(r);
+    }
+    CompareWithCpu(RunStep(*cpu, step), RunStep(*gpu, step), tally,
+                   "issue 50 DECODE set " + std::to_string(set), step);
+  }
+  std::printf("issue 50: %d requests, %d boundary-band tokens, %d logprobs compared\n",
+              tally.requests, tally.token_mismatches, tally.compared_logprobs);
+}
+
 // Random token adjustments as an OpenAI-style server sends them (64 bias entries, 4 bad words
 // of which some the history completes, min_tokens with stop ids, sometimes allowed ids, with
 // and without grammar masks and penalties) on PREFILL and DECODE steps: both backends agree.
@@ -1114,6 +1220,131 @@ TEST(CudaBackend, StepOutputWritesTheTokensIntoDeviceMemory) {
             cudaSuccess);
   EXPECT_EQ(got, std::vector<int32_t>(words, 0));
   cudaFree(device);
+}
+
+// The device writes the StepOutput of DECODE and PREFILL steps itself (PlanDeviceOutput):
+// what it writes must be what the host assembles. DECODE: an accepted prefix, a rejection at
+// the first draft, a request failed in planning, one failed by a NaN in its second row;
+// PREFILL: a request failed by a NaN in a prompt row beside one that samples.
+TEST(CudaBackend, StepOutputFromTheDeviceIsTheAssembledResult) {
+  auto gpu = Gpu();
+  ASSERT_NE(gpu, nullptr);
+  const int32_t vocab = 3000, stride = 5, q = 3;
+  struct Area {
+    explicit Area(size_t words) : words(words) {
+      EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&data), words * sizeof(int32_t)), cudaSuccess);
+      EXPECT_EQ(cudaMemset(data, 0x7f, words * sizeof(int32_t)), cudaSuccess);
+    }
+    ~Area() { cudaFree(data); }
+    std::vector<int32_t> Read() const {
+      std::vector<int32_t> got(words);
+      EXPECT_EQ(cudaMemcpy(got.data(), data, words * sizeof(int32_t), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+      return got;
+    }
+    size_t words;
+    int32_t* data = nullptr;
+  };
+  auto expect_area = [&](const StepResult& result, const std::vector<int32_t>& got, size_t n,
+                         uint32_t done) {
+    for (size_t i = 0; i < n; ++i) {
+      std::vector<int32_t> want(stride, -1);
+      int32_t accepted = 0;
+      if (result.results[i].status.ok()) {
+        std::copy(result.results[i].token_ids.begin(), result.results[i].token_ids.end(),
+                  want.begin());
+        accepted = result.results[i].num_accepted;
+      }
+      EXPECT_EQ(std::vector<int32_t>(got.begin() + stride * i, got.begin() + stride * (i + 1)),
+                want)
+          << "request " << i;
+      EXPECT_EQ(got[n * stride + i], accepted) << "request " << i;
+    }
+    EXPECT_EQ(static_cast<uint32_t>(got[n * (stride + 1)]), done);
+  };
+
+  const int requests = 5;
+  HostLogits target(requests * q, vocab, 11, 2.0f);
+  HostLogits drafts(requests * (q - 1), vocab);
+  std::vector<std::vector<int32_t>> draft_ids(requests);
+  for (int i = 0; i < requests; ++i) {
+    for (int j = 0; j < q - 1; ++j) {
+      // Requests 0, 2 and 4 draft from the target's own distribution (accepted but for
+      // request 4's second draft); request 3 drafts a token the target all but excludes.
+      const float* p = target.Row(i * q + j);
+      float* row = drafts.Row(i * (q - 1) + j);
+      const bool rejected = i == 3 || (i == 4 && j == 1);
+      const float m = *std::max_element(p, p + vocab);
+      double z = 0.0;
+      for (int32_t t = 0; t < vocab; ++t) z += std::exp(static_cast<double>(p[t] - m));
+      int32_t best = 0;
+      for (int32_t t = 0; t < vocab; ++t) {
+        row[t] = p[t] - m - static_cast<float>(std::log(z));
+        if (p[t] > p[best]) best = t;
+      }
+      int32_t draft = best;
+      if (rejected) {
+        draft = static_cast<int32_t>(std::min_element(p, p + vocab) - p);
+        for (int32_t t = 0; t < vocab; ++t) row[t] = t == draft ? 0.0f : -INFINITY;
+      }
+      draft_ids[i].push_back(draft);
+    }
+  }
+  target.Row(2 * q + 1)[17] = NAN;
+  Step step = MakeStep(StepKind::kDecode, target, vocab);
+  for (int i = 0; i < requests; ++i) {
+    RequestInputs r;
+    r.request_id = "r" + std::to_string(i);
+    r.first_row = i * q;
+    r.num_rows = q;
+    r.sample_position = 90 + i;
+    r.params.seq_seed = 300 + i;
+    if (i == 1) r.params.top_p = 2.0f;  // fails in planning
+    r.draft_token_ids = draft_ids[i];
+    r.drafts.form = DraftDistributions::Form::kDense;
+    r.drafts.values = drafts.RowsView(i * (q - 1), q - 1);
+    step.requests.push_back(r);
+  }
+  Area decode(requests * (stride + 1) + 1);
+  step.output.token_ids = decode.data;
+  step.output.tokens_per_request = stride;
+  step.output.num_accepted = decode.data + requests * stride;
+  step.output.done_word = decode.data + requests * (stride + 1);
+  step.output.done_value = 5;
+  const StepResult result = RunStep(*gpu, step);
+  ASSERT_TRUE(result.results[0].status.ok()) << result.results[0].status;
+  EXPECT_EQ(result.results[0].num_accepted, 2);
+  EXPECT_FALSE(result.results[1].status.ok());
+  EXPECT_FALSE(result.results[2].status.ok());
+  ASSERT_TRUE(result.results[3].status.ok()) << result.results[3].status;
+  EXPECT_EQ(result.results[3].num_accepted, 0);
+  ASSERT_TRUE(result.results[4].status.ok()) << result.results[4].status;
+  EXPECT_EQ(result.results[4].num_accepted, 1);
+  expect_area(result, decode.Read(), requests, 5);
+
+  HostLogits prefill_logits(8, vocab, 12, 2.0f);
+  prefill_logits.Row(2)[40] = NAN;
+  Step prefill = MakeStep(StepKind::kPrefill, prefill_logits, vocab);
+  for (int i = 0; i < 2; ++i) {
+    RequestInputs r;
+    r.request_id = "p" + std::to_string(i);
+    r.first_row = 4 * i + 3;
+    r.num_rows = 1;
+    r.params.seq_seed = 400 + i;
+    r.prompt_first_row = 4 * i;
+    r.prompt_targets = {5, 6, 7};
+    prefill.requests.push_back(r);
+  }
+  Area area(2 * (stride + 1) + 1);
+  prefill.output.token_ids = area.data;
+  prefill.output.tokens_per_request = stride;
+  prefill.output.num_accepted = area.data + 2 * stride;
+  prefill.output.done_word = area.data + 2 * (stride + 1);
+  prefill.output.done_value = 6;
+  const StepResult prefilled = RunStep(*gpu, prefill);
+  EXPECT_FALSE(prefilled.results[0].status.ok());
+  ASSERT_TRUE(prefilled.results[1].status.ok()) << prefilled.results[1].status;
+  expect_area(prefilled, area.Read(), 2, 6);
 }
 
 // A copy of host bytes in device memory, freed with the test.

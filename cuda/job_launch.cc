@@ -41,6 +41,33 @@ std::string DescribeLaunch(const StepParams& params, bool fused_fits, const Lane
 
 }  // namespace
 
+std::optional<DeviceOutput> PlanDeviceOutput(const StepPlan& plan, const StepJobs& jobs,
+                                             const StepResult& result, size_t max_jobs_per_launch) {
+  const Step& step = *plan.step;
+  if (!step.output.any() || step.kind == StepKind::kDraft || jobs.jobs.empty() ||
+      jobs.jobs.size() > max_jobs_per_launch) {
+    return std::nullopt;
+  }
+  DeviceOutput out;
+  out.target = step.output;
+  out.decode = step.kind == StepKind::kDecode;
+  out.requests.resize(result.results.size());
+  for (size_t i = 0; i < result.results.size(); ++i) {
+    out.requests[i].failed = result.results[i].status.ok() ? 0 : 1;
+  }
+  // Jobs are grouped by request, in order: the sampled rows, then the prompt rows.
+  for (size_t k = 0; k < jobs.jobs.size(); ++k) {
+    OutputRequest& r = out.requests[jobs.jobs[k].request];
+    const int32_t index = static_cast<int32_t>(k);
+    if (k < jobs.num_sampled) {
+      if (r.rows++ == 0) r.first_job = index;
+    } else if (r.prompt_count++ == 0) {
+      r.prompt_first = index;
+    }
+  }
+  return out;
+}
+
 absl::Status LaunchJobs(Lane& lane, const Step& step, const LogitsView& device_logits,
                         StepJobs& step_jobs, size_t begin, size_t end, const LaunchOptions& options,
                         std::vector<RowResult>& results, float* kernel_us) {
@@ -79,7 +106,10 @@ absl::Status LaunchJobs(Lane& lane, const Step& step, const LogitsView& device_l
   const size_t at_q_ids = at_q + Align256(q_bytes);
   const size_t at_results = at_q_ids + Align256(q_id_bytes);
   const size_t at_row_max = at_results + Align256(result_bytes);
-  const size_t block_bytes = at_row_max + Align256(n * sizeof(unsigned int));
+  const size_t at_output = at_row_max + Align256(n * sizeof(unsigned int));
+  const DeviceOutput* output = options.output;
+  const size_t output_bytes = output == nullptr ? 0 : output->requests.size() * sizeof(OutputRequest);
+  const size_t block_bytes = at_output + Align256(output_bytes);
   RETURN_IF_ERROR(lane.staging.Reserve(block_bytes));
   RETURN_IF_ERROR(lane.inputs_d.Reserve(block_bytes));
   RETURN_IF_ERROR(lane.workspace.Reserve(StepParams::WorkspaceBytes(n, V)));
@@ -89,7 +119,8 @@ absl::Status LaunchJobs(Lane& lane, const Step& step, const LogitsView& device_l
   auto* list_stage = reinterpret_cast<int32_t*>(stage + at_lists);
   if (update_bytes > 0) std::memcpy(stage + at_updates, updates.data(), update_bytes);
   // Results start zeroed (no status bits) and the row maxima at the smallest order key.
-  std::memset(stage + at_results, 0, block_bytes - at_results);
+  std::memset(stage + at_results, 0, at_output - at_results);
+  if (output_bytes > 0) std::memcpy(stage + at_output, output->requests.data(), output_bytes);
   int m = 0, qv = 0;
   size_t qi = 0;
   for (int k = 0; k < n; ++k) {
@@ -189,6 +220,25 @@ absl::Status LaunchJobs(Lane& lane, const Step& step, const LogitsView& device_l
                                      DescribeLaunch(params, fused_fits, lane, step, masks, verifies)));
   }
   SAMPLERD_CUDA_RETURN(cudaEventRecord(lane.stop, lane.stream));
+  if (output != nullptr) {
+    // Before the results go back to the host: the worker's next forward waits for these
+    // writes only. The lane's stream is waited for below, so the regions' leases outlive them.
+    OutputParams op;
+    op.results = params.results;
+    op.requests = reinterpret_cast<const OutputRequest*>(device + at_output);
+    op.num_requests = static_cast<int32_t>(output->requests.size());
+    op.decode = output->decode ? 1 : 0;
+    op.token_ids = static_cast<int32_t*>(output->target.token_ids);
+    op.tokens_per_request = output->target.tokens_per_request;
+    op.num_accepted = static_cast<int32_t*>(output->target.num_accepted);
+    op.done_word = static_cast<unsigned int*>(output->target.done_word);
+    op.done_value = output->target.done_value;
+    SAMPLERD_CUDA_RETURN(LaunchWriteStepOutput(op, lane.stream));
+    if (output->target.done_event != nullptr) {
+      SAMPLERD_CUDA_RETURN(cudaEventRecord(
+          static_cast<cudaEvent_t>(const_cast<void*>(output->target.done_event)), lane.stream));
+    }
+  }
   // The results come back into the staging block they were zeroed in: pinned, read once below.
   SAMPLERD_CUDA_RETURN(cudaMemcpyAsync(stage + at_results, device + at_results, result_bytes,
                                        cudaMemcpyDeviceToHost, lane.stream));

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -20,9 +21,26 @@
 namespace samplerd {
 namespace cuda {
 
+// A step's StepOutput written by the device right after its launch (issue 46), rather than
+// from the host after the results came back: the worker's next forward, waiting on the done
+// word, then waits for samplerd's kernels and not for its host.
+struct DeviceOutput {
+  StepOutputTarget target;
+  bool decode = false;
+  std::vector<OutputRequest> requests;  // one per request of the step, in order
+};
+
+// The device output of `plan`'s step, or nullopt where the host must write it (after
+// assembly): a DRAFT step (storing its rows in the pool may still fail a request), a step of
+// more than one launch (its results are never on the device together) or of no jobs.
+// `result` holds the statuses known before the launch.
+std::optional<DeviceOutput> PlanDeviceOutput(const StepPlan& plan, const StepJobs& jobs,
+                                             const StepResult& result, size_t max_jobs_per_launch);
+
 struct LaunchOptions {
   bool split_path = true;         // false: every small-top-k row on the fused path (benchmarks)
   LaunchProbe* probe = nullptr;   // benchmarks
+  const DeviceOutput* output = nullptr;  // written after this launch's kernels
 };
 
 // Runs jobs [begin, end) of `jobs` on `lane`, reading `device_logits`; appends their results

@@ -68,6 +68,13 @@ struct RowJob {
   DType q_dtype;
   int32_t q_n;
   int32_t q_check;
+  // Issue 50 (SPEC 3 steps 4 and 8, SPEC 7). Rows that use any of them take the general
+  // algorithm's whole-row selections (the split path does not take them; the fused path hands
+  // them to its general fallback). top_n_sigma and xtc are ignored for kRowPrompt.
+  float top_n_sigma;        // > 0: keep x >= max - n * sigma of the finite x after step 4
+  int32_t xtc;              // 1: this row's XTC draw fired (the host's XtcUniform < probability)
+  float xtc_threshold;
+  int32_t raw_logprobs;     // 1: reported logprobs (token, top, prompt) from the raw logits
   float* pool_out;          // DRAFT rows: write processed logprobs [V] here, or null
   int32_t update_begin;     // [begin, end) of this job's entries in StepParams::updates
   int32_t update_end;
@@ -157,13 +164,21 @@ LaunchConfig SampleRowsConfig(const StepParams& params);
 bool FusedPathFits(int32_t vocab_size);
 cudaError_t LaunchFusedRows(const StepParams& params, cudaStream_t stream);
 
+// Whether a job needs the general algorithm's whole-row selections (issue 50's filters and
+// RAW logprobs are built there only): the fused path sends it to its general fallback.
+SAMPLERD_SPEC_FN bool NeedsWholeRowSelections(const RowJob& job) {
+  return job.raw_logprobs != 0 ||
+         (job.kind != kRowPrompt && (job.top_n_sigma > 0.0f || job.xtc != 0));
+}
+
 // Whether a job takes the split path: 1 <= top_k <= kSplitMaxK (and < V), no force top-N,
-// and at most 2048 candidates in all (chunks * top_k). Needs FusedPathFits(vocab_size).
+// at most 2048 candidates in all (chunks * top_k), none of issue 50's parameters. Needs
+// FusedPathFits(vocab_size).
 inline bool SplitPathEligible(const RowJob& job, int32_t vocab_size) {
   const int chunks = (vocab_size + kSplitChunk - 1) / kSplitChunk;
   const bool force = job.kind != kRowPrompt && job.force_top_n > 0 && job.force_top_n < vocab_size;
   return job.top_k >= 1 && job.top_k <= kSplitMaxK && job.top_k < vocab_size && !force &&
-         chunks * job.top_k <= 2048;
+         chunks * job.top_k <= 2048 && !NeedsWholeRowSelections(job);
 }
 [[nodiscard]] size_t SplitScratchBytes(int32_t num_split, int32_t vocab_size);
 cudaError_t LaunchSplitRows(const StepParams& params, cudaStream_t stream);
@@ -171,6 +186,33 @@ cudaError_t LaunchSplitRows(const StepParams& params, cudaStream_t stream);
 // SPEC 6's check of the jobs' worker draft rows (RowJob::q_check) into RowResult::draft_fault;
 // before the path's launches, on the same stream.
 cudaError_t LaunchCheckDraftRows(const StepParams& params, cudaStream_t stream);
+
+// Issue 46: a step's tokens written into the worker's StepOutput area by the device, right
+// after the sampling launches, so that the worker's next forward (waiting on the done word)
+// never waits for samplerd's host. It applies step_assembly's rules to the launch's results:
+// a request fails (-1 in every column, 0 accepted) when it failed before the launch or any of
+// its rows, sampled or prompt, has a status or a draft fault; a DECODE request emits its
+// accepted drafts then one token; -1 past a request's tokens.
+struct OutputRequest {
+  int32_t first_job = -1;   // its first sampled job, an index into the launch's results
+  int32_t rows = 0;         // its sampled jobs, consecutive
+  int32_t prompt_first = 0;  // its prompt jobs [prompt_first, prompt_first + prompt_count)
+  int32_t prompt_count = 0;
+  int32_t failed = 0;        // failed before the launch (planning, a refusal, the pool)
+};
+
+struct OutputParams {
+  const RowResult* results = nullptr;      // device, the launch's
+  const OutputRequest* requests = nullptr;  // device [num_requests]
+  int32_t num_requests = 0;
+  int32_t decode = 0;                      // DECODE: accepted prefix, then one token
+  int32_t* token_ids = nullptr;            // [num_requests][tokens_per_request], or null
+  int32_t tokens_per_request = 1;
+  int32_t* num_accepted = nullptr;         // [num_requests], or null
+  unsigned int* done_word = nullptr;       // set to done_value after the writes, or null
+  unsigned int done_value = 0;
+};
+cudaError_t LaunchWriteStepOutput(const OutputParams& params, cudaStream_t stream);
 
 cudaError_t LaunchPrepareRows(const StepParams& params, cudaStream_t stream);
 cudaError_t LaunchRowUpdates(const StepParams& params, cudaStream_t stream);

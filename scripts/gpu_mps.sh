@@ -13,6 +13,12 @@
 # non-zero if any of it failed.
 #   bash scripts/gpu_mps.sh bench [STEPS]   (default 100)
 # runs bench/decode_loop_bench.py and bench/hf_example_gpu.py without and with MPS.
+#   bash scripts/gpu_mps.sh graphbench [STEPS]
+# runs bench/decode_loop_bench.py with the model as one CUDA graph a step, without and with MPS,
+# then gpu_bench's issue 50 cost figures.
+#   bash scripts/gpu_mps.sh check
+# runs all of cuda_backend_test, compute-sanitizer (memcheck, racecheck) over the StepOutput and
+# device-draft tests, and the C++ StepOutput checks, without MPS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 pack=.device-pack-mps
@@ -24,7 +30,7 @@ mps_start() {
 }
 client_tests=(client/python/tests/test_cuda.py client/python/tests/test_cuda_output.py
               client/python/tests/test_cuda_drafts.py client/python/tests/test_cuda_dead_worker.py)
-if [[ ${1:-} == run || ${1:-} == bench ]]; then
+if [[ ${1:-} == run || ${1:-} == bench || ${1:-} == graphbench || ${1:-} == check ]]; then
   source $pack/env.sh
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site $pack/wheels/*.whl || exit 1
@@ -44,6 +50,15 @@ if [[ ${1:-} == bench ]]; then
   done
   exit $status
 fi
+if [[ ${1:-} == graphbench ]]; then
+  status=0
+  for mps in "" --mps; do
+    timeout 200 python3 bench/decode_loop_bench.py --samplerd=$pack/bin/samplerd \
+      --samplerctl=$pack/bin/samplerctl --steps="${2:-60}" --graph $mps || status=1
+  done
+  timeout 120 stdbuf -oL $pack/bin/gpu_bench --only=issue50 || status=1
+  exit $status
+fi
 # The C++ side of StepOutput: the backend's writes, then samplerctl bench --device_tokens (a
 # stream waits on the done word; every step's device tokens checked against its response).
 cpp_outputs() {
@@ -61,6 +76,17 @@ cpp_outputs() {
   kill $pid; wait $pid
   return $rc
 }
+if [[ ${1:-} == check ]]; then
+  status=0
+  timeout 240 $pack/bin/cuda_backend_test || status=1
+  for tool in memcheck racecheck; do
+    timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $pack/bin/cuda_backend_test \
+      --gtest_filter='*StepOutput*:*DeviceDrafts*' > /tmp/sanitizer.txt 2>&1 || status=1
+    tail -n 4 /tmp/sanitizer.txt
+  done
+  cpp_outputs || status=1
+  exit $status
+fi
 if [[ ${1:-} == run ]]; then
   status=0
   echo "=== without MPS"

@@ -170,6 +170,19 @@ GPU_MUTANTS = [
     ("gpu-accept-seed-domain", "cuda/kernels/finish.cuh",
      "const double u = UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kAcceptReject));",
      "const double u = UniformDouble(job.seed, SequenceNumber(job.position, DrawCase::kFresh));", 0),
+    # Issue 50 in the general algorithm.
+    ("gpu-sigma-sample-variance", "cuda/kernels/general.cuh",
+     "sqrt(squares / static_cast<double>(n))", "sqrt(squares / static_cast<double>(n - 1))", 0),
+    ("gpu-xtc-removes-the-last-too", "cuda/kernels/general.cuh",
+     "                    above - 2);", "                    above - 1);", 0),
+    ("gpu-raw-top-processed", "cuda/kernels/general.cuh",
+     "out.top_logprobs[i] = sh.sel_id < 0 ? kNegInf : raw ? raw_lp(sh.sel_id) : lp_of(sh.sel_id);",
+     "out.top_logprobs[i] = sh.sel_id < 0 ? kNegInf : lp_of(sh.sel_id);", 0),
+    # Issue 46: the StepOutput written by the device.
+    ("gpu-output-ignores-planned-failure", "cuda/step_output.cu",
+     "bool failed = d.failed != 0;", "bool failed = false;", 0),
+    ("gpu-output-decode-emits-past-rejection", "cuda/step_output.cu",
+     "if (j + 1 == d.rows || !r.accepted) break;", "if (j + 1 == d.rows) break;", 0),
 ]
 
 # Mutants that no test of the contract can catch, and why (see their entries).
