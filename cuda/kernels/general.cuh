@@ -79,7 +79,7 @@ static __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) 
     }
     const double squares = BlockReduce(squares_local, SumOp(), sh.scratch_d);
     scores.sigma_floor = static_cast<double>(x_max) -
-                         static_cast<double>(job.top_n_sigma) * sqrt(squares / static_cast<double>(n - 1));
+                         static_cast<double>(job.top_n_sigma) * sqrt(squares / static_cast<double>(n));
   }
   // SPEC 3: a finite kept value that the temperature pushes out of float32 fails the row. Only
   // T < 1 can; force top-N and top-nσ decide which values are kept, so this pass follows them.
