@@ -181,7 +181,9 @@ int Main(int argc, char** argv) {
   }
   const auto flashinfer_best = flashinfer.empty() ? decltype(ReadFlashInfer("")){}
                                                   : ReadFlashInfer(flashinfer);
-  auto gpu = CudaBackend::Create({});
+  CudaBackendOptions options;
+  options.experimental_kernels = true;  // issue 50's cost figures
+  auto gpu = CudaBackend::Create(options);
   if (!gpu.ok()) {
     std::fprintf(stderr, "%s\n", std::string(gpu.status().message()).c_str());
     return 1;

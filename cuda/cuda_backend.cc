@@ -226,7 +226,7 @@ CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CudaBackend::~CudaBackend() = default;
 
 BackendInfo CudaBackend::Info() const {
-  return BackendInfo{"cuda", impl_->device_name, impl_->mps};
+  return BackendInfo{"cuda", impl_->device_name, impl_->mps, impl_->options.experimental_kernels};
 }
 
 absl::Status CudaBackend::Broken() const {
@@ -267,11 +267,33 @@ void CudaBackend::set_split_path(bool on) {
   impl_->split_path = on;
 }
 
+namespace {
+
+// Issue 50's parameters, while their kernels are experimental (CudaBackendOptions): a request
+// that asks for one fails alone with FAILED_PRECONDITION naming it.
+void RefuseExperimentalParams(const StepPlan& plan, StepResult& result) {
+  for (size_t i = 0; i < plan.requests.size(); ++i) {
+    const NormalizedParams& p = plan.requests[i].params;
+    const char* field = p.top_n_sigma > 0.0f        ? "top_n_sigma"
+                        : p.xtc_probability > 0.0f  ? "xtc_probability"
+                        : p.raw_logprobs            ? "logprobs_mode"
+                                                    : nullptr;
+    if (field == nullptr || !result.results[i].status.ok()) continue;
+    result.results[i].status = absl::FailedPreconditionError(absl::StrCat(
+        RequestField(i), ".params.", field,
+        ": served on the CUDA backend only with --cuda_experimental_kernels (its kernels "
+        "are slow yet; the CPU backend serves it)"));
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
   Impl& impl = *impl_;
   SAMPLERD_CUDA_RETURN(cudaSetDevice(impl.options.device));
   StepResult result = BeginStepResult(plan);
+  const bool experimental = impl.options.experimental_kernels;
+  if (!experimental) RefuseExperimentalParams(plan, result);
   std::vector<DraftPool::Entry> pool_entries;
   TakeDecodeDrafts(plan, impl.pool, result, &pool_entries);
   const std::vector<RowTask> tasks = RowTasks(plan, result);
@@ -279,7 +301,7 @@ absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
   cuda::StepJobs jobs = cuda::BuildStepJobs(plan, tasks, pool_entries, *impl.draft_store, result);
   // The StepOutput (issue 46) from the device where the step allows it, else from the host.
   const std::optional<cuda::DeviceOutput> device_output =
-      cuda::PlanDeviceOutput(plan, jobs, result, kMaxJobsPerLaunch);
+      experimental ? cuda::PlanDeviceOutput(plan, jobs, result, kMaxJobsPerLaunch) : std::nullopt;
 
   cuda::Lane* lane = impl.AcquireLane();
   struct LaneGuard {

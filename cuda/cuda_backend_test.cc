@@ -34,6 +34,7 @@ namespace {
 std::unique_ptr<CudaBackend> Gpu(int lanes = CudaBackendOptions{}.streams) {
   CudaBackendOptions options;
   options.streams = lanes;
+  options.experimental_kernels = true;  // the tests that validate them
   auto gpu = CudaBackend::Create(options);
   EXPECT_TRUE(gpu.ok()) << gpu.status();
   return gpu.ok() ? std::move(*gpu) : nullptr;
@@ -235,8 +236,7 @@ TEST(CudaBackend, TopNSigmaXtcAndRawLogprobsMatchCpu) {
     for (int i = 0; i < 2; ++i) {
       RequestInputs r;
       r.request_id = "p" + std::to_string(i);
-      r.first_row = 4 * i + 3;
-      r.num_rows = 1;
+      r.row = 4 * i + 3;
       r.params.seq_seed = 90 + i;
       r.params.temperature = 0.7f;
       r.params.top_k = 100;
@@ -286,6 +286,39 @@ TEST(CudaBackend, TopNSigmaXtcAndRawLogprobsMatchCpu) {
   }
   std::printf("issue 50: %d requests, %d boundary-band tokens, %d logprobs compared\n",
               tally.requests, tally.token_mismatches, tally.compared_logprobs);
+}
+
+// Without experimental_kernels (samplerd's default), a request asking for top-nσ, XTC or raw
+// logprobs fails alone with FAILED_PRECONDITION naming its parameter, and the other requests
+// of the step answer as the experimental backend answers them.
+TEST(CudaBackend, Issue50ParamsFailAloneByDefault) {
+  auto created = CudaBackend::Create(CudaBackendOptions{});
+  ASSERT_TRUE(created.ok()) << created.status();
+  auto experimental = Gpu();
+  ASSERT_NE(experimental, nullptr);
+  const int32_t vocab = 32000;
+  HostLogits logits(4, vocab, 31, 2.0f);
+  Step step = MakeStep(StepKind::kPrefill, logits, vocab);
+  const char* fields[] = {nullptr, "top_n_sigma", "xtc_probability", "logprobs_mode"};
+  for (int i = 0; i < 4; ++i) {
+    RequestInputs r = PrefillRequest("q" + std::to_string(i), i, 50 + i);
+    r.params.top_logprobs = 2;
+    if (i == 1) r.params.top_n_sigma = 1.0f;
+    if (i == 2) r.params.xtc_probability = 0.5f;
+    if (i == 3) r.params.logprobs_mode = 1;
+    step.requests.push_back(r);
+  }
+  const StepResult by_default = RunStep(**created, step);
+  const StepResult served = RunStep(*experimental, step);
+  ASSERT_TRUE(by_default.results[0].status.ok()) << by_default.results[0].status;
+  EXPECT_EQ(by_default.results[0].token_ids, served.results[0].token_ids);
+  for (int i = 1; i < 4; ++i) {
+    EXPECT_EQ(by_default.results[i].status.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(by_default.results[i].status.message()),
+                ::testing::HasSubstr(std::string("requests[") + std::to_string(i) +
+                                     "].params." + fields[i]));
+    EXPECT_TRUE(served.results[i].status.ok()) << served.results[i].status;
+  }
 }
 
 // Random token adjustments as an OpenAI-style server sends them (64 bias entries, 4 bad words
@@ -648,6 +681,7 @@ TEST(CudaBackend, DecodeAndDraftMatchCpu) {
 TEST(CudaBackend, DraftPoolLivesOnTheDevice) {
   const int32_t vocab = 1000, row_elements = 1024;
   CudaBackendOptions options;
+  options.experimental_kernels = true;
   // Three rows of device memory, and the bookkeeping of three rows and two entries.
   const int64_t row_bytes = row_elements * 4 + kRowOverheadBytes;
   const int64_t entry_bytes = kEntryOverheadBytes + DraftPoolKey("", "p0").size();
@@ -1328,8 +1362,7 @@ TEST(CudaBackend, StepOutputFromTheDeviceIsTheAssembledResult) {
   for (int i = 0; i < 2; ++i) {
     RequestInputs r;
     r.request_id = "p" + std::to_string(i);
-    r.first_row = 4 * i + 3;
-    r.num_rows = 1;
+    r.row = 4 * i + 3;
     r.params.seq_seed = 400 + i;
     r.prompt_first_row = 4 * i;
     r.prompt_targets = {5, 6, 7};

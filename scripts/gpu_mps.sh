@@ -18,7 +18,8 @@
 # then gpu_bench's issue 50 cost figures.
 #   bash scripts/gpu_mps.sh check
 # runs all of cuda_backend_test, compute-sanitizer (memcheck, racecheck) over the StepOutput and
-# device-draft tests, and the C++ StepOutput checks, without MPS.
+# device-draft tests, and the C++ StepOutput checks with the device's write
+# (--cuda_experimental_kernels), without MPS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 pack=.device-pack-mps
@@ -61,11 +62,12 @@ if [[ ${1:-} == graphbench ]]; then
 fi
 # The C++ side of StepOutput: the backend's writes, then samplerctl bench --device_tokens (a
 # stream waits on the done word; every step's device tokens checked against its response).
+# `cpp_outputs --cuda_experimental_kernels` has samplerd write the tokens from the device.
 cpp_outputs() {
   $pack/bin/cuda_backend_test --gtest_filter='*StepOutput*' || return 1
   local dir
   dir=$(mktemp -d)
-  $pack/bin/samplerd --backend=cuda --listen=127.0.0.1:0 --port_file="$dir/port" \
+  $pack/bin/samplerd --backend=cuda --listen=127.0.0.1:0 --port_file="$dir/port" "$@" \
     > "$dir/log" 2>&1 &
   local pid=$! rc=0
   for _ in $(seq 100); do [[ -s $dir/port ]] && break; sleep 0.1; done
@@ -84,7 +86,7 @@ if [[ ${1:-} == check ]]; then
       --gtest_filter='*StepOutput*:*DeviceDrafts*' > /tmp/sanitizer.txt 2>&1 || status=1
     tail -n 4 /tmp/sanitizer.txt
   done
-  cpp_outputs || status=1
+  cpp_outputs --cuda_experimental_kernels || status=1
   exit $status
 fi
 if [[ ${1:-} == run ]]; then

@@ -85,6 +85,11 @@ ABSL_FLAG(int, malloc_arenas, 16,
 ABSL_FLAG(int, cuda_streams, 4,
           "CUDA backend: steps on the device at once, each on its own CUDA stream with its own "
           "buffers (one step's host work and copies overlap another's kernels)");
+ABSL_FLAG(bool, cuda_experimental_kernels, false,
+          "CUDA backend: serve top-n-sigma, XTC and raw logprobs (exact but slow kernels: a "
+          "request asking for them stalls its whole step) and write StepOutput from the device "
+          "(not yet run on a GPU); off: those parameters fail per request, StepOutput is written "
+          "from the host");
 ABSL_FLAG(int64_t, max_message_bytes, 256LL << 20,
           "largest gRPC message accepted; 256 MiB fits inline fp32 logits of 384 x 129,280");
 ABSL_FLAG(int, max_rows, 1 << 20, "most logits rows in one step");
@@ -244,6 +249,7 @@ int Serve() {
       cuda_options.device = device;
       cuda_options.draft_pool = pool_options;
       cuda_options.streams = absl::GetFlag(FLAGS_cuda_streams);
+      cuda_options.experimental_kernels = absl::GetFlag(FLAGS_cuda_experimental_kernels);
       auto cuda = CudaBackend::Create(cuda_options);
       if (cuda.ok()) {
         backend = std::move(*cuda);
