@@ -15,6 +15,12 @@ GPU mutants (the kernels) are built here and run on the GPU machine:
 
     python3 scripts/mutate.py --gpu-pack        # then, on the GPU machine (carry .device-pack):
     bash scripts/mutate_gpu.sh
+
+--gpu-pack also writes .device-pack/mutants.tar.xz: the test binaries alone (near-identical,
+so xz keeps five in ~3 MB where the packs take ~9 MB each), to carry beside
+.device-pack-mps (`bash scripts/gpu_mps.sh`), whose libraries they use:
+
+    MUTANT_TARBALL=.device-pack/mutants.tar.xz bash scripts/mutate_gpu.sh
 """
 import pathlib
 import subprocess
@@ -228,7 +234,20 @@ def gpu_pack(argv):
         finally:
             path.write_text(original)
         print(f"packed   {mid}" if built.returncode == 0 else f"NOBUILD  {mid}", flush=True)
+    write_tarball(out)
     return 0
+
+
+def write_tarball(out):
+    """The binaries alone, ID/bin/cuda_backend_test, in one xz stream next to `out`: a large
+    dictionary finds the mutants' common bytes across files."""
+    names = sorted(d.name for d in out.iterdir() if (d / "bin" / "cuda_backend_test").exists())
+    tar = subprocess.Popen(["tar", "-C", str(out), "-cf", "-"] +
+                           [f"{n}/bin/cuda_backend_test" for n in names], stdout=subprocess.PIPE)
+    with open(out.parent / "mutants.tar.xz", "wb") as f:
+        subprocess.run(["xz", "-9e", "-T2"], stdin=tar.stdout, stdout=f, check=True)
+    if tar.wait() != 0:
+        raise SystemExit("mutate: tar of the mutants failed")
 
 
 def main(argv):

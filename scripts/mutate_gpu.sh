@@ -4,10 +4,20 @@
 # the test caught it: more gtest failures than the unmutated build (mutants/baseline), which
 # may itself fail where a kernel is known to be off. Exit status: the number of survivors.
 # MUTANT_FILTER (a gtest filter) runs only those tests of each build, to save device time.
+# MUTANT_TARBALL (mutate.py's .device-pack/mutants.tar.xz) runs the binaries from it instead,
+# with the libraries of LIB_PACK (default .device-pack-mps), so both fit one device call's carry.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+mutants=.device-pack/mutants
+if [[ -n ${MUTANT_TARBALL:-} ]]; then
+  mutants=$(mktemp -d)
+  tar -C "$mutants" -xJf "$MUTANT_TARBALL" || exit 1
+  for dir in "$mutants"/*/; do cp "${LIB_PACK:-.device-pack-mps}/env.sh" "$dir"; done
+  # env.sh puts its own directory's lib/ first: point it at the pack's.
+  for dir in "$mutants"/*/; do ln -s "$PWD/${LIB_PACK:-.device-pack-mps}/lib" "$dir/lib"; done
+fi
 run() {  # run ID: the gtest failure lines of that build's test, in /tmp/mutant-ID.log
-  ( source ".device-pack/mutants/$1/env.sh"; timeout 300 ".device-pack/mutants/$1/bin/cuda_backend_test" \
+  ( source "$mutants/$1/env.sh"; timeout 300 "$mutants/$1/bin/cuda_backend_test" \
       --gtest_filter="${MUTANT_FILTER:-*}" ) \
     > "/tmp/mutant-$1.log" 2>&1
   local rc=$?
@@ -20,7 +30,7 @@ run() {  # run ID: the gtest failure lines of that build's test, in /tmp/mutant-
 base=$(run baseline)
 echo "baseline: $base gtest failures ($(grep -E '^\[  FAILED  \] CudaBackend' /tmp/mutant-baseline.log | sed 's/.*CudaBackend\.//; s/ (.*//' | tr '\n' ' '))"
 survivors=0
-for dir in .device-pack/mutants/*/; do
+for dir in "$mutants"/*/; do
   id=$(basename "$dir")
   [[ $id == baseline ]] && continue
   n=$(run "$id")
