@@ -88,6 +88,33 @@ double MedianKernelUs(CudaBackend& gpu, const Step& step) {
   return us[us.size() / 2];
 }
 
+// `rows` PREFILL requests, request r sampling row r (seed r, position 100) with BenchParams(r);
+// with `adjust`, AddBenchAdjustments' token adjustments too.
+void AddBenchPrefillRequests(Step& step, int rows, bool adjust) {
+  for (int r = 0; r < rows; ++r) {
+    RequestInputs req = PrefillRequest("r" + std::to_string(r), r, r, 100);
+    req.params = BenchParams(r);
+    if (adjust) AddBenchAdjustments(req.params, req.output_token_ids, r);
+    step.requests.push_back(req);
+  }
+}
+
+// A device copy of `bytes` host bytes (the caller frees it with cudaFree).
+void* DeviceCopy(const void* host, size_t bytes) {
+  void* device;
+  SAMPLERD_CUDA_CHECK(cudaMalloc(&device, bytes));
+  SAMPLERD_CUDA_CHECK(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
+  return device;
+}
+
+// A step of `kind` over `logits` as copied to `device` (fp32: set the dtype after for another).
+Step DeviceStep(StepKind kind, const HostLogits& logits, void* device) {
+  Step step = MakeStep(kind, logits, kVocab);
+  step.logits.data = device;
+  step.logits.on_device = true;
+  return step;
+}
+
 // `requests` DECODE requests of q rows each (request i reads rows i*q..), BenchParams, fixed
 // drafts with the dense rows of `drafts` (q - 1 a request) as their distributions; with
 // `adjust`, AddBenchAdjustments' token adjustments too.
@@ -232,12 +259,8 @@ int Main(int argc, char** argv) {
       host = half.data();
     }
     const size_t bytes = static_cast<size_t>(c.rows) * kVocab * elem;
-    void* device;
-    SAMPLERD_CUDA_CHECK(cudaMalloc(&device, bytes));
-    SAMPLERD_CUDA_CHECK(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
-    Step step = MakeStep(c.kind, logits, kVocab);
-    step.logits.data = device;
-    step.logits.on_device = true;
+    void* device = DeviceCopy(host, bytes);
+    Step step = DeviceStep(c.kind, logits, device);
     step.logits.dtype = c.dtype;
     HostLogits drafts(1, 1);
     if (c.kind == StepKind::kDecode) {
@@ -252,12 +275,7 @@ int Main(int argc, char** argv) {
       for (int k = 0; k < c.rows - 1; ++k) r.prompt_targets.push_back((k * 31) % kVocab);
       step.requests.push_back(r);
     } else {
-      for (int r = 0; r < c.rows; ++r) {
-        RequestInputs req = PrefillRequest("r" + std::to_string(r), r, r, 100);
-        req.params = BenchParams(r);
-        if (c.adjust) AddBenchAdjustments(req.params, req.output_token_ids, r);
-        step.requests.push_back(req);
-      }
+      AddBenchPrefillRequests(step, c.rows, c.adjust);
     }
     // The default (rows with a small top-k on the split path) and, in the same run, every row
     // on the fused path: the version before the split path, as the within-run baseline.
@@ -284,19 +302,10 @@ int Main(int argc, char** argv) {
   // so both the kernels' time and Sample()'s wall time (host and device) are compared.
   if (only.empty() || only == "dry") {
     HostLogits logits(16, kVocab, 13, 2.0f);
-    void* device;
-    const size_t bytes = logits.values.size() * sizeof(float);
-    SAMPLERD_CUDA_CHECK(cudaMalloc(&device, bytes));
-    SAMPLERD_CUDA_CHECK(cudaMemcpy(device, logits.values.data(), bytes, cudaMemcpyHostToDevice));
-    Step plain = MakeStep(StepKind::kPrefill, logits, kVocab);
-    plain.logits.data = device;
-    plain.logits.on_device = true;
-    for (int r = 0; r < 16; ++r) {
-      RequestInputs req = PrefillRequest("r" + std::to_string(r), r, r, 100);
-      req.params = BenchParams(r);
-      req.prompt_token_ids = BenchDryContext(r);
-      plain.requests.push_back(req);
-    }
+    void* device = DeviceCopy(logits.values.data(), logits.values.size() * sizeof(float));
+    Step plain = DeviceStep(StepKind::kPrefill, logits, device);
+    AddBenchPrefillRequests(plain, 16, /*adjust=*/false);
+    for (int r = 0; r < 16; ++r) plain.requests[r].prompt_token_ids = BenchDryContext(r);
     Step dry = plain;
     for (RequestInputs& r : dry.requests) AddBenchDry(r.params);
     auto median_of = [&](const Step& step, int steps, const std::function<void(int)>& before,
@@ -356,18 +365,9 @@ int Main(int argc, char** argv) {
                 "with vs without, Sample() wall us with vs without):\n");
     for (int rows : {16, 384}) {
       HostLogits logits(rows, kVocab, 17, 2.0f);
-      void* device;
-      const size_t bytes = logits.values.size() * sizeof(float);
-      SAMPLERD_CUDA_CHECK(cudaMalloc(&device, bytes));
-      SAMPLERD_CUDA_CHECK(cudaMemcpy(device, logits.values.data(), bytes, cudaMemcpyHostToDevice));
-      Step plain = MakeStep(StepKind::kPrefill, logits, kVocab);
-      plain.logits.data = device;
-      plain.logits.on_device = true;
-      for (int r = 0; r < rows; ++r) {
-        RequestInputs req = PrefillRequest("r" + std::to_string(r), r, r, 100);
-        req.params = BenchParams(r);
-        plain.requests.push_back(req);
-      }
+      void* device = DeviceCopy(logits.values.data(), logits.values.size() * sizeof(float));
+      Step plain = DeviceStep(StepKind::kPrefill, logits, device);
+      AddBenchPrefillRequests(plain, rows, /*adjust=*/false);
       const std::pair<const char*, std::function<void(SamplingParams&)>> variants[] = {
           {"top-nσ n=1", [](SamplingParams& p) { p.top_n_sigma = 1.0f; }},
           {"XTC p=1 t=0.1", [](SamplingParams& p) { p.xtc_probability = 1.0f; }},
@@ -405,19 +405,9 @@ int Main(int argc, char** argv) {
       HostLogits logits(R, kVocab, 11, 2.0f);
       HostLogits drafts(requests * (q - 1), kVocab, 12, 2.0f);
       for (float& v : drafts.values) v = -11.77f;  // ~uniform over V
-      void* device_logits;
-      void* device_drafts;
-      const size_t logit_bytes = logits.values.size() * sizeof(float);
-      const size_t draft_bytes = drafts.values.size() * sizeof(float);
-      SAMPLERD_CUDA_CHECK(cudaMalloc(&device_logits, logit_bytes));
-      SAMPLERD_CUDA_CHECK(cudaMalloc(&device_drafts, draft_bytes));
-      SAMPLERD_CUDA_CHECK(
-          cudaMemcpy(device_logits, logits.values.data(), logit_bytes, cudaMemcpyHostToDevice));
-      SAMPLERD_CUDA_CHECK(
-          cudaMemcpy(device_drafts, drafts.values.data(), draft_bytes, cudaMemcpyHostToDevice));
-      Step host = MakeStep(StepKind::kDecode, logits, kVocab);
-      host.logits.data = device_logits;
-      host.logits.on_device = true;
+      void* device_logits = DeviceCopy(logits.values.data(), logits.values.size() * sizeof(float));
+      void* device_drafts = DeviceCopy(drafts.values.data(), drafts.values.size() * sizeof(float));
+      Step host = DeviceStep(StepKind::kDecode, logits, device_logits);
       AddBenchDecodeRequests(host, requests, q, drafts, /*adjust=*/false);
       Step device = host;
       for (RequestInputs& r : device.requests) {
