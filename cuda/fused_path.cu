@@ -67,9 +67,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
   const int V = p.vocab_size;
   const int lo = rank * chunk;
   const int n = max(0, min(V, lo + chunk) - lo);
-  const int elem = p.dtype == DType::kFloat32 ? 4 : 2;
-  const char* row = static_cast<const char*>(p.logits) +
-                    static_cast<int64_t>(job.logits_row) * p.row_stride * elem;
+  const char* row = LogitsRow(p, job.logits_row);
   const bool prompt = job.kind == kRowPrompt;
 
   // Load the chunk once (padding is never read), checking NaN/+inf, applying the grammar mask

@@ -19,9 +19,7 @@ __global__ void __launch_bounds__(kPrepareThreads) PrepareRowsKernel(StepParams 
   const int V = p.vocab_size;
   const int begin = blockIdx.x * kPrepareChunk;
   const int end = min(V, begin + kPrepareChunk);
-  const int elem = p.dtype == DType::kFloat32 ? 4 : 2;
-  const void* row = static_cast<const char*>(p.logits) +
-                    static_cast<int64_t>(job.logits_row) * p.row_stride * elem;
+  const void* row = LogitsRow(p, job.logits_row);
   float* x = p.workspace + static_cast<int64_t>(job_index) * V;
   const unsigned char* mask = RowMask(job);
   LoadStats st;

@@ -45,6 +45,12 @@ __device__ __forceinline__ float FromOrderKey(uint32_t k) {
 // term is 1 either way.
 __device__ __forceinline__ float Log2eOverT(float T) { return fmaxf(1.4426950408889634f / T, FLT_MIN); }
 
+// The first byte of row `logits_row` of the step's logits (rows row_stride elements apart).
+__device__ __forceinline__ const char* LogitsRow(const StepParams& p, int32_t logits_row) {
+  const int elem = p.dtype == DType::kFloat32 ? 4 : 2;
+  return static_cast<const char*>(p.logits) + static_cast<int64_t>(logits_row) * p.row_stride * elem;
+}
+
 __device__ __forceinline__ float LoadLogit(const void* row, DType dtype, int32_t c) {
   switch (dtype) {
     case DType::kBFloat16:

@@ -250,9 +250,7 @@ static __device__ __noinline__ void SplitFinishRow(const StepParams& p, int spli
   }
   if (row_flat) {
     // A flat row: x into the workspace (steps 1-3 again), then the general algorithm.
-    const int elem = p.dtype == DType::kFloat32 ? 4 : 2;
-    const char* row = static_cast<const char*>(p.logits) +
-                      static_cast<int64_t>(job.logits_row) * p.row_stride * elem;
+    const char* row = LogitsRow(p, job.logits_row);
     float* x = p.workspace + static_cast<int64_t>(j) * V;
     int bad;
     float m, mn;
@@ -471,9 +469,7 @@ struct SplitItem {
     j = p.split_jobs[split_index];
     lo = chunk * kSplitChunk;
     n = min(p.vocab_size, lo + kSplitChunk) - lo;
-    const int elem = p.dtype == DType::kFloat32 ? 4 : 2;
-    row = static_cast<const char*>(p.logits) +
-          static_cast<int64_t>(p.jobs[j].logits_row) * p.row_stride * elem;
+    row = LogitsRow(p, p.jobs[j].logits_row);
     slot = static_cast<int64_t>(split_index) * chunks + chunk;
   }
 };

@@ -278,9 +278,7 @@ static __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) 
     }
     const double log_zk = log(Zk);
     // SPEC 7's RAW mode: the logits as sent (columns < V), their max and log-sum-exp.
-    const char* raw_row = static_cast<const char*>(p.logits) +
-                          static_cast<int64_t>(job.logits_row) * p.row_stride *
-                              (p.dtype == DType::kFloat32 ? 4 : 2);
+    const char* raw_row = LogitsRow(p, job.logits_row);
     float raw_max = kNegInf;
     double raw_log_sum = 0.0;
     if (raw) {
