@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -429,6 +430,63 @@ int Main(int argc, char** argv) {
                   Median(hw), Median(dw), 100.0 * (Median(dw) / Median(hw) - 1.0));
       cudaFree(device_logits);
       cudaFree(device_drafts);
+    }
+  }
+  // Device shards (issue 47): the same PREFILL step (BenchParams) from one device tensor and
+  // from TP = 2 and TP = 4 equal column shards, each its own allocation, read in place (no
+  // gather). Kernels, medians of 50 steps, alternating over 5 rounds, medians of the rounds.
+  if (only.empty() || only == "shards") {
+    std::printf("\ndevice shards (prefill, T 0.7 top-k 50 top-p 0.95 top-5 logprobs; kernels us, "
+                "whole vs TP=2 vs TP=4 shards; medians of 5 rounds of 50):\n");
+    for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      for (const int rows : {1, 16, 384, 2048}) {
+        HostLogits logits(rows, kVocab, 19, 2.0f);
+        const size_t elem = DTypeSize(dtype);
+        std::vector<char> bytes(logits.values.size() * elem);
+        for (size_t i = 0; i < logits.values.size(); ++i) {
+          if (dtype == DType::kFloat32) {
+            std::memcpy(&bytes[i * 4], &logits.values[i], 4);
+          } else {
+            const uint16_t h = FloatToBFloat16(logits.values[i]);
+            std::memcpy(&bytes[i * 2], &h, 2);
+          }
+        }
+        void* device = DeviceCopy(bytes.data(), bytes.size());
+        Step whole = DeviceStep(StepKind::kPrefill, logits, device);
+        whole.logits.dtype = dtype;
+        AddBenchPrefillRequests(whole, rows, /*adjust=*/false);
+        std::vector<void*> held;
+        auto sharded = [&](int tp) {
+          Step step = whole;
+          const int32_t per = kVocab / tp;
+          for (int s = 0; s < tp; ++s) {
+            const int32_t begin = s * per, n = s == tp - 1 ? kVocab - begin : per;
+            std::vector<char> part(static_cast<size_t>(rows) * n * elem);
+            for (int r = 0; r < rows; ++r) {
+              std::memcpy(&part[static_cast<size_t>(r) * n * elem],
+                          &bytes[(static_cast<size_t>(r) * kVocab + begin) * elem], n * elem);
+            }
+            held.push_back(DeviceCopy(part.data(), part.size()));
+            step.logits.shards.push_back(LogitsShard{held.back(), n, begin, n, nullptr});
+          }
+          step.logits.data = step.logits.shards[0].data;
+          return step;
+        };
+        const Step tp2 = sharded(2), tp4 = sharded(4);
+        std::vector<double> w, t2, t4;
+        for (int round = 0; round < 5; ++round) {
+          double wall;
+          w.push_back(MedianSample(**gpu, whole, 50, nullptr, &wall));
+          t2.push_back(MedianSample(**gpu, tp2, 50, nullptr, &wall));
+          t4.push_back(MedianSample(**gpu, tp4, 50, nullptr, &wall));
+        }
+        std::printf("  %-4s R=%-5d whole %8.1f  TP=2 %8.1f (%+5.1f%%)  TP=4 %8.1f (%+5.1f%%)\n",
+                    dtype == DType::kFloat32 ? "fp32" : "bf16", rows, Median(w), Median(t2),
+                    100.0 * (Median(t2) / Median(w) - 1.0), Median(t4),
+                    100.0 * (Median(t4) / Median(w) - 1.0));
+        for (void* p : held) cudaFree(p);
+        cudaFree(device);
+      }
     }
   }
   // Token adjustments against the same step without them, in this run.

@@ -186,6 +186,12 @@ absl::Status CudaBackend::Impl::RunOnLane(cuda::Lane& lane, const Step& step,
     SAMPLERD_CUDA_RETURN(cudaStreamWaitEvent(
         lane.stream, static_cast<cudaEvent_t>(const_cast<void*>(step.logits.ready_event)), 0));
   }
+  // Tensor-parallel shards in device memory: each rank's producer has its own event.
+  for (const LogitsShard& shard : step.logits.shards) {
+    if (shard.ready_event == nullptr) continue;
+    SAMPLERD_CUDA_RETURN(cudaStreamWaitEvent(
+        lane.stream, static_cast<cudaEvent_t>(const_cast<void*>(shard.ready_event)), 0));
+  }
   // A worker's draft tensors in device memory (issue 47): our stream waits for each one's
   // producer too (one event may serve several requests; a second wait on it costs nothing).
   for (const RequestInputs& request : step.requests) {

@@ -1549,5 +1549,111 @@ TEST(CudaBackend, DeviceDraftsAnswerAsHostDrafts) {
   }
 }
 
+// Issue 47: tensor-parallel logits read in place from each rank's shard answer as the same
+// logits sent as one device tensor, bitwise, on every path: split (small top-k), fused, the
+// general kernel (V past the fused path, and the raw row of RAW logprobs). In fp32 and bf16;
+// TP = 2 as a worker splits its lm_head, and uneven TP = 3 / 4 layouts whose boundaries break
+// the 16-byte alignment (and the split path's 8,192-column chunks), with padded row strides
+// and the tensor's padding columns in the last shard.
+TEST(CudaBackend, DeviceShardsAnswerAsWholeLogits) {
+  auto gpu = Gpu();
+  ASSERT_NE(gpu, nullptr);
+  std::vector<SamplingParams> sets = ParamSets();
+  SamplingParams raw;
+  raw.top_logprobs = 5;
+  raw.logprobs_mode = 1;  // RAW
+  raw.top_n_sigma = 1.5f;
+  sets.push_back(raw);
+  const int rows = 5;
+  int compared = 0;
+  for (int32_t vocab : {1000, 129280, 400000}) {
+    const int32_t cols = vocab + 13;
+    const HostLogits logits(rows, cols, static_cast<uint64_t>(vocab));
+    const std::vector<std::vector<int32_t>> layouts = {
+        {vocab / 2, cols - vocab / 2},
+        {1, 7, cols - 8},
+        {vocab / 4 + 5, vocab / 4 - 3, vocab / 4 + 1, cols - 3 * (vocab / 4) - 3}};
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      const size_t elem = DTypeSize(dtype);
+      auto bytes_of = [&](int32_t r, int32_t c, char* out) {
+        const float v = logits.values[static_cast<size_t>(r) * cols + c];
+        if (dtype == DType::kFloat32) {
+          std::memcpy(out, &v, 4);
+        } else {
+          const uint16_t h = FloatToBFloat16(v);
+          std::memcpy(out, &h, 2);
+        }
+      };
+      std::vector<char> whole_host(static_cast<size_t>(rows) * cols * elem);
+      for (int32_t r = 0; r < rows; ++r) {
+        for (int32_t c = 0; c < cols; ++c) bytes_of(r, c, &whole_host[(static_cast<size_t>(r) * cols + c) * elem]);
+      }
+      DeviceBytes whole(whole_host.data(), whole_host.size());
+      LogitsView whole_view;
+      whole_view.data = whole.data;
+      whole_view.dtype = dtype;
+      whole_view.rows = rows;
+      whole_view.cols = whole_view.row_stride = cols;
+      whole_view.on_device = true;
+      for (size_t l = 0; l < layouts.size(); ++l) {
+        std::vector<std::unique_ptr<DeviceBytes>> held;
+        LogitsView sharded = whole_view;
+        int32_t begin = 0;
+        for (size_t s = 0; s < layouts[l].size(); ++s) {
+          const int32_t n = layouts[l][s];
+          const int64_t stride = n + static_cast<int64_t>(s) * 3 + (l == 0 ? 0 : 5);
+          std::vector<char> host(static_cast<size_t>(rows) * stride * elem, 0);
+          for (int32_t r = 0; r < rows; ++r) {
+            for (int32_t c = 0; c < n; ++c) bytes_of(r, begin + c, &host[(r * stride + c) * elem]);
+          }
+          held.push_back(std::make_unique<DeviceBytes>(host.data(), host.size()));
+          sharded.shards.push_back(LogitsShard{held.back()->data, stride, begin, n, nullptr});
+          begin += n;
+        }
+        ASSERT_EQ(begin, cols);
+        sharded.data = sharded.shards[0].data;
+        for (size_t k = 0; k < sets.size(); ++k) {
+          std::vector<std::string> masks;
+          const bool masked = vocab == 129280 && k % 2 == 0;
+          Step step = PrefillStep(logits, vocab, rows, 7 + k, sets[k], k == 1 ? 64 : 0, masked, &masks);
+          step.logits = whole_view;
+          const StepResult from_whole = RunStep(*gpu, step);
+          step.logits = sharded;
+          const StepResult from_shards = RunStep(*gpu, step);
+          for (const RequestResult& r : from_whole.results) EXPECT_TRUE(r.status.ok()) << r.status;
+          EXPECT_TRUE(BitwiseSame(from_whole, from_shards))
+              << "V " << vocab << " " << DTypeName(dtype) << " layout " << l << " params " << k;
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 3 * 2 * 3 * 9);
+
+  // A NaN in rank 1's shard fails its row with the message the same NaN sent whole gives.
+  const int32_t vocab = 32000;
+  HostLogits logits(rows, vocab, 5);
+  logits.Row(3)[vocab - 10] = NAN;
+  DeviceBytes whole(logits.values.data(), logits.values.size() * 4);
+  const int32_t half = vocab / 2;
+  std::vector<float> rank0, rank1;
+  for (int32_t r = 0; r < rows; ++r) {
+    rank0.insert(rank0.end(), logits.Row(r), logits.Row(r) + half);
+    rank1.insert(rank1.end(), logits.Row(r) + half, logits.Row(r) + vocab);
+  }
+  DeviceBytes shard0(rank0.data(), rank0.size() * 4), shard1(rank1.data(), rank1.size() * 4);
+  Step step = PrefillStep(logits, vocab, rows, 3, sets[1], 0, false, nullptr);
+  step.logits.data = whole.data;
+  step.logits.on_device = true;
+  const StepResult from_whole = RunStep(*gpu, step);
+  step.logits.shards = {LogitsShard{shard0.data, half, 0, half, nullptr},
+                        LogitsShard{shard1.data, vocab - half, half, vocab - half, nullptr}};
+  step.logits.data = shard0.data;
+  const StepResult from_shards = RunStep(*gpu, step);
+  ASSERT_FALSE(from_whole.results[3].status.ok());
+  EXPECT_TRUE(BitwiseSame(from_whole, from_shards));
+  for (int r = 0; r < rows; ++r) EXPECT_EQ(from_shards.results[r].status.ok(), r != 3) << r;
+}
+
 }  // namespace
 }  // namespace samplerd

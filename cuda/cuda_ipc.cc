@@ -67,6 +67,15 @@ absl::StatusOr<std::unique_ptr<CudaIpcMemory>> CudaIpcMemory::Open(const char* h
 
 CudaIpcMemory::~CudaIpcMemory() { cudaIpcCloseMemHandle(data_); }
 
+bool CudaCanAccessPeer(int device, int peer) {
+  int can = 0;
+  if (peer == device || cudaDeviceCanAccessPeer(&can, device, peer) != cudaSuccess) {
+    cudaGetLastError();  // an unknown device: not sticky, leave the thread's state clean
+    return false;
+  }
+  return can != 0;
+}
+
 absl::StatusOr<std::unique_ptr<CudaIpcEvent>> CudaIpcEvent::Open(const char* handle, int device) {
   cudaError_t error = cudaSetDevice(device);
   if (error != cudaSuccess) {

@@ -40,6 +40,10 @@ class CudaIpcMemory final {
   int64_t allocation_bytes_;
 };
 
+// Whether `device` can read memory on `peer` (another GPU of this host) by peer access; false
+// for the same device or one that does not exist.
+bool CudaCanAccessPeer(int device, int peer);
+
 // A CUDA IPC event handle opened in this process: the server's stream waits on it before
 // reading the logits its producer wrote.
 class CudaIpcEvent final {

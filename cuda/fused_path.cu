@@ -67,14 +67,13 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
   const int V = p.vocab_size;
   const int lo = rank * chunk;
   const int n = max(0, min(V, lo + chunk) - lo);
-  const char* row = LogitsRow(p, job.logits_row);
   const bool prompt = job.kind == kRowPrompt;
 
   // Load the chunk once (padding is never read), checking NaN/+inf, applying the grammar mask
   // and taking the max in the same pass; then the sparse penalties.
   int bad = 0;
   float m = kNegInf, mn = INFINITY;
-  auto load_chunk = [&]() { LoadChunk(p, job, row, lo, n, xs, &bad, &m, &mn); };
+  auto load_chunk = [&]() { LoadChunk(p, job, lo, n, xs, &bad, &m, &mn); };
   load_chunk();
   stage(1);
   m = BlockReduce(m, MaxOp(), sh.scratch_f);

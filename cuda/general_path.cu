@@ -19,12 +19,13 @@ __global__ void __launch_bounds__(kPrepareThreads) PrepareRowsKernel(StepParams 
   const int V = p.vocab_size;
   const int begin = blockIdx.x * kPrepareChunk;
   const int end = min(V, begin + kPrepareChunk);
-  const void* row = LogitsRow(p, job.logits_row);
+  const char* run = RowRun(p, job.logits_row, begin, end - begin);  // null: straddles shards
   float* x = p.workspace + static_cast<int64_t>(job_index) * V;
   const unsigned char* mask = RowMask(job);
   LoadStats st;
   for (int c = begin + threadIdx.x; c < end; c += kPrepareThreads) {
-    x[c] = st.Admit(LoadLogit(row, p.dtype, c), mask, c);
+    const float v = run != nullptr ? LoadLogit(run, p.dtype, c - begin) : LoadLogitAt(p, job.logits_row, c);
+    x[c] = st.Admit(v, mask, c);
   }
   __shared__ float scratch_f[32];
   __shared__ int scratch_i[32];
@@ -97,7 +98,8 @@ const char* StepParams::Validate() const {
   if (logits == nullptr) return "logits is null";
   if (dtype != DType::kFloat32 && dtype != DType::kBFloat16 && dtype != DType::kFloat16) return "dtype is not FLOAT32, BFLOAT16 or FLOAT16";
   if (vocab_size < 1) return "vocab_size must be >= 1";
-  if (row_stride < vocab_size) return "row_stride is less than vocab_size";
+  if (num_shards < 0 || (num_shards > 0 && shards == nullptr)) return "shards is null";
+  if (num_shards == 0 && row_stride < vocab_size) return "row_stride is less than vocab_size";
   if (num_jobs < 0 || (num_jobs > 0 && jobs == nullptr)) return "jobs is null";
   if (num_updates < 0 || (num_updates > 0 && updates == nullptr)) return "updates is null";
   if (num_jobs > 0 && (workspace == nullptr || row_max == nullptr || results == nullptr)) {

@@ -32,7 +32,9 @@ std::string DescribeLaunch(const StepParams& params, bool fused_fits, const Lane
   absl::StrAppend(&out, " step ", StepKindName(step.kind), " vocab_size ", params.vocab_size,
                   " logits [", step.logits.rows, ", ", step.logits.cols, "] row_stride ",
                   params.row_stride, " ", DTypeName(step.logits.dtype),
-                  step.logits.on_device ? " (device)" : " (host)", ", jobs ", params.num_jobs,
+                  step.logits.on_device ? " (device)" : " (host)",
+                  step.logits.shards.empty() ? "" : absl::StrCat(" in ", params.num_shards, " shards"),
+                  ", jobs ", params.num_jobs,
                   " (split ", params.num_split, ", fused ", params.num_fused, "), updates ",
                   params.num_updates, ", masks ", masks, ", host q rows ", q_rows,
                   ", force_top_n ", step.force_top_n);
@@ -109,7 +111,9 @@ absl::Status LaunchJobs(Lane& lane, const Step& step, const LogitsView& device_l
   const size_t at_output = at_row_max + Align256(n * sizeof(unsigned int));
   const DeviceOutput* output = options.output;
   const size_t output_bytes = output == nullptr ? 0 : output->requests.size() * sizeof(OutputRequest);
-  const size_t block_bytes = at_output + Align256(output_bytes);
+  const size_t at_shards = at_output + Align256(output_bytes);
+  const size_t shard_bytes = device_logits.shards.size() * sizeof(DeviceShard);  // <= 16
+  const size_t block_bytes = at_shards + Align256(shard_bytes);
   RETURN_IF_ERROR(lane.staging.Reserve(block_bytes));
   RETURN_IF_ERROR(lane.inputs_d.Reserve(block_bytes));
   RETURN_IF_ERROR(lane.workspace.Reserve(StepParams::WorkspaceBytes(n, V)));
@@ -121,6 +125,12 @@ absl::Status LaunchJobs(Lane& lane, const Step& step, const LogitsView& device_l
   // Results start zeroed (no status bits) and the row maxima at the smallest order key.
   std::memset(stage + at_results, 0, at_output - at_results);
   if (output_bytes > 0) std::memcpy(stage + at_output, output->requests.data(), output_bytes);
+  auto* shard_stage = reinterpret_cast<DeviceShard*>(stage + at_shards);
+  for (size_t s = 0; s < device_logits.shards.size(); ++s) {
+    const LogitsShard& shard = device_logits.shards[s];
+    shard_stage[s] = DeviceShard{static_cast<const char*>(shard.data), shard.row_stride,
+                                 shard.col_begin, shard.col_begin + shard.cols};
+  }
   int m = 0, qv = 0;
   size_t qi = 0;
   for (int k = 0; k < n; ++k) {
@@ -177,6 +187,10 @@ absl::Status LaunchJobs(Lane& lane, const Step& step, const LogitsView& device_l
   params.dtype = device_logits.dtype;
   params.row_stride = device_logits.row_stride;
   params.vocab_size = V;
+  if (!device_logits.shards.empty()) {
+    params.shards = reinterpret_cast<const DeviceShard*>(device + at_shards);
+    params.num_shards = static_cast<int32_t>(device_logits.shards.size());
+  }
   params.jobs = reinterpret_cast<const RowJob*>(device);
   params.num_jobs = n;
   params.updates = reinterpret_cast<const RowUpdate*>(device + at_updates);

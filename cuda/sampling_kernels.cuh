@@ -45,12 +45,6 @@ __device__ __forceinline__ float FromOrderKey(uint32_t k) {
 // term is 1 either way.
 __device__ __forceinline__ float Log2eOverT(float T) { return fmaxf(1.4426950408889634f / T, FLT_MIN); }
 
-// The first byte of row `logits_row` of the step's logits (rows row_stride elements apart).
-__device__ __forceinline__ const char* LogitsRow(const StepParams& p, int32_t logits_row) {
-  const int elem = p.dtype == DType::kFloat32 ? 4 : 2;
-  return static_cast<const char*>(p.logits) + static_cast<int64_t>(logits_row) * p.row_stride * elem;
-}
-
 __device__ __forceinline__ float LoadLogit(const void* row, DType dtype, int32_t c) {
   switch (dtype) {
     case DType::kBFloat16:
@@ -60,6 +54,38 @@ __device__ __forceinline__ float LoadLogit(const void* row, DType dtype, int32_t
     default:
       return static_cast<const float*>(row)[c];
   }
+}
+
+// Where the kernels read a job's logits: the address of column `lo` of row `logits_row` when
+// columns [lo, lo + n) are one contiguous run (always, for one tensor; within one shard, for
+// tensor-parallel shards), else null: the caller then loads column by column (LoadLogitAt).
+// Every load path takes its run once per chunk, so one tensor costs what it did before shards.
+__device__ __forceinline__ const char* RowRun(const StepParams& p, int32_t logits_row, int32_t lo,
+                                              int32_t n) {
+  const int elem = p.dtype == DType::kFloat32 ? 4 : 2;
+  if (p.num_shards == 0) {
+    return static_cast<const char*>(p.logits) +
+           (static_cast<int64_t>(logits_row) * p.row_stride + lo) * elem;
+  }
+  for (int s = 0; s < p.num_shards; ++s) {
+    const DeviceShard& shard = p.shards[s];
+    if (lo >= shard.col_begin && lo + n <= shard.col_end) {
+      return shard.data + (static_cast<int64_t>(logits_row) * shard.row_stride + (lo - shard.col_begin)) * elem;
+    }
+  }
+  return nullptr;
+}
+
+// Column c of row `logits_row`, whichever shard holds it: the loads of a chunk that straddles
+// two shards, and the general kernel's whole-row scans.
+__device__ __forceinline__ float LoadLogitAt(const StepParams& p, int32_t logits_row, int32_t c) {
+  if (p.num_shards == 0) return LoadLogit(RowRun(p, logits_row, 0, 0), p.dtype, c);
+  int s = 0;
+  while (s + 1 < p.num_shards && c >= p.shards[s + 1].col_begin) ++s;
+  const DeviceShard& shard = p.shards[s];
+  const int elem = p.dtype == DType::kFloat32 ? 4 : 2;
+  return LoadLogit(shard.data + (static_cast<int64_t>(logits_row) * shard.row_stride) * elem, p.dtype,
+                   c - shard.col_begin);
 }
 
 // The draft logprob of token c (>= 0) of a verify job's q row (RowJob::q_values): a dense

@@ -41,6 +41,14 @@ enum RowJobKind : int32_t {
   kRowPrompt = 2,   // prompt logprob of `target` only (SPEC 3 steps 1, 5, 6, 7)
 };
 
+// One shard of a step's logits in device memory (LogitsShard as the kernels read it).
+struct DeviceShard {
+  const char* data;    // column col_begin of row 0
+  int64_t row_stride;  // elements
+  int32_t col_begin;   // the shard holds columns [col_begin, col_end)
+  int32_t col_end;
+};
+
 // One row of work. All pointers are device pointers. Filled on the host, copied per step.
 struct RowJob {
   // in: which logits row (of the step's tensor) this job reads; -1 never.
@@ -118,6 +126,10 @@ struct StepParams {
   DType dtype = DType::kFloat32;
   int64_t row_stride = 0;
   int32_t vocab_size = 0;          // V (columns >= V are padding)
+  // in (issue 47): tensor-parallel logits read in place, [num_shards] in device memory, in
+  // column order from column 0; then `logits` and `row_stride` are unused. 0: one tensor.
+  const DeviceShard* shards = nullptr;
+  int32_t num_shards = 0;
   // in: jobs [num_jobs] and token updates [num_updates], device memory.
   const RowJob* jobs = nullptr;
   int32_t num_jobs = 0;

@@ -250,11 +250,10 @@ static __device__ __noinline__ void SplitFinishRow(const StepParams& p, int spli
   }
   if (row_flat) {
     // A flat row: x into the workspace (steps 1-3 again), then the general algorithm.
-    const char* row = LogitsRow(p, job.logits_row);
     float* x = p.workspace + static_cast<int64_t>(j) * V;
     int bad;
     float m, mn;
-    LoadChunk(p, job, row, 0, V, x, &bad, &m, &mn);
+    LoadChunk(p, job, 0, V, x, &bad, &m, &mn);
     m = BlockReduce(m, MaxOp(), sh.scratch_f);
     if (threadIdx.x == 0) p.row_max[j] = OrderKey(m);
     __syncthreads();
@@ -460,16 +459,16 @@ __device__ __forceinline__ float Exp2Approx(float v) {
   return out;
 }
 
-// One chunk of one split job: its row, its tokens [lo, lo + n) and its scratch slot.
+// One chunk of one split job: its tokens [lo, lo + n), where they are and its scratch slot.
 struct SplitItem {
   int split_index, j, lo, n;
-  const char* row;
+  const char* run;  // column lo's address (RowRun); null where the chunk straddles two shards
   int64_t slot;
   __device__ SplitItem(const StepParams& p, int split, int chunk, int chunks) : split_index(split) {
     j = p.split_jobs[split_index];
     lo = chunk * kSplitChunk;
     n = min(p.vocab_size, lo + kSplitChunk) - lo;
-    row = LogitsRow(p, p.jobs[j].logits_row);
+    run = RowRun(p, p.jobs[j].logits_row, lo, n);
     slot = static_cast<int64_t>(split_index) * chunks + chunk;
   }
 };
@@ -477,9 +476,9 @@ struct SplitItem {
 // Loads tokens [lo, lo + n) of a job's row into x (tokens at or past n: -inf, never read) and
 // admits them (LoadStats::Admit). All of a thread's loads are issued before the first is used.
 template <int G>
-__device__ __forceinline__ void LoadChunkValues(const StepParams& p, const RowJob& job, const char* row,
+__device__ __forceinline__ void LoadChunkValues(const StepParams& p, const RowJob& job, const char* run,
                                                 int lo, int n, float (&x)[kChunkValues], LoadStats* st) {
-  const bool vector = reinterpret_cast<uintptr_t>(row) % 16 == 0;  // lo is a multiple of 8192
+  const bool vector = run != nullptr && reinterpret_cast<uintptr_t>(run) % 16 == 0;
   // A whole chunk (every chunk of a row but its last) takes no bounds checks, and a row with
   // no grammar mask no mask lookups: ~5 instructions a value against ~20 on the general way.
   const bool whole = n == kSplitChunk;
@@ -488,7 +487,7 @@ __device__ __forceinline__ void LoadChunkValues(const StepParams& p, const RowJo
   for (int k = 0; k < kChunkValues / G; ++k) {
     const int c0 = ChunkColumn<G>(k * G);
     if (vector && (whole || c0 + G <= n)) {
-      const char* at = row + static_cast<int64_t>(lo + c0) * kElem;
+      const char* at = run + static_cast<int64_t>(c0) * kElem;
       if (G == 4) {
         const float4 v = __ldg(reinterpret_cast<const float4*>(at));
         x[k * G] = v.x;
@@ -503,7 +502,11 @@ __device__ __forceinline__ void LoadChunkValues(const StepParams& p, const RowJo
       }
     } else {
 #pragma unroll
-      for (int w = 0; w < G; ++w) x[k * G + w] = c0 + w < n ? LoadLogit(row, p.dtype, lo + c0 + w) : kNegInf;
+      for (int w = 0; w < G; ++w) {
+        x[k * G + w] = c0 + w >= n         ? kNegInf
+                       : run != nullptr ? LoadLogit(run, p.dtype, c0 + w)
+                                        : LoadLogitAt(p, job.logits_row, lo + c0 + w);
+      }
     }
   }
   const unsigned char* mask = RowMask(job);
@@ -594,7 +597,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
   if (threadIdx.x == 0) collected = 0;
   float x[kChunkValues];
   LoadStats st;
-  LoadChunkValues<G>(p, job, it.row, it.lo, it.n, x, &st);
+  LoadChunkValues<G>(p, job, it.run, it.lo, it.n, x, &st);
   if (job.update_end > job.update_begin) UpdateChunkValues<G>(p, job, it.lo, it.n, smem.chunk.xs, x, &st);
   stage(10);
   const float T = job.temperature;

@@ -148,6 +148,46 @@ absl::Status CheckDeclaredShape(const v1::Tensor& tensor, const std::string& fie
   return absl::OkStatus();
 }
 
+// Tensor-parallel shards in device memory (issue 47): one view whose columns the kernels find
+// in each shard in place (LogitsView::shards), nothing gathered or copied. Two shards whose
+// bytes overlap are refused: a worker's ranks write disjoint memory, so an overlap is a
+// client's mistake that would otherwise sample columns twice.
+absl::StatusOr<LogitsView> DeviceShardsView(const std::string& field,
+                                            const std::vector<LogitsView>& shards) {
+  LogitsView out;
+  out.dtype = shards[0].dtype;
+  out.rows = shards[0].rows;
+  out.on_device = true;
+  out.data = shards[0].data;
+  struct Extent {
+    uintptr_t begin, end;
+    size_t shard;
+  };
+  std::vector<Extent> extents;
+  int32_t col = 0;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const LogitsView& v = shards[s];
+    out.shards.push_back(LogitsShard{v.data, v.row_stride, col, v.cols, v.ready_event});
+    col += v.cols;  // <= kMaxShardedCols, checked by the caller
+    const auto begin = reinterpret_cast<uintptr_t>(v.data);
+    // The extent was checked against the source when the view was built.
+    extents.push_back(Extent{begin, begin + static_cast<uintptr_t>(v.ByteExtent()), s});
+  }
+  std::sort(extents.begin(), extents.end(),
+            [](const Extent& a, const Extent& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < extents.size(); ++i) {
+    if (extents[i].begin < extents[i - 1].end) {
+      const size_t a = std::min(extents[i].shard, extents[i - 1].shard);
+      const size_t b = std::max(extents[i].shard, extents[i - 1].shard);
+      return FieldError(absl::StrCat(field, ".shards[", b, "]"),
+                        absl::StrCat("its bytes overlap those of ", field, ".shards[", a, "]"));
+    }
+  }
+  out.cols = col;
+  out.row_stride = col;
+  return out;
+}
+
 // Resolves a Tensor, concatenating tensor-parallel shards along columns into owned storage,
 // reserved from the budget before it is allocated.
 absl::StatusOr<LogitsView> TensorView(const v1::Tensor& tensor, const std::string& field,
@@ -157,6 +197,14 @@ absl::StatusOr<LogitsView> TensorView(const v1::Tensor& tensor, const std::strin
   if (tensor.source_case() != v1::Tensor::SOURCE_NOT_SET) {
     return FieldError(field, "set either shards or a source, not both");
   }
+  if (tensor.cols() != 0) {
+    int64_t declared = 0;  // checked against the limit above: no overflow
+    for (const v1::Tensor& shard : tensor.shards()) declared += shard.cols();
+    if (declared != tensor.cols()) {
+      return FieldError(field + ".cols", absl::StrCat(tensor.cols(), " is not the shards' columns added up (",
+                                                      declared, "); 0 takes their sum"));
+    }
+  }
   std::vector<LogitsView> shards;
   int64_t cols = 0;
   for (int s = 0; s < tensor.shards_size(); ++s) {
@@ -164,9 +212,14 @@ absl::StatusOr<LogitsView> TensorView(const v1::Tensor& tensor, const std::strin
     if (tensor.shards(s).shards_size() > 0) return FieldError(shard_field, "shards do not nest");
     auto view = SingleTensorView(tensor.shards(s), shard_field, holder, ctx);
     if (!view.ok()) return view.status();
-    if (view->on_device) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(shard_field, ": device-memory shards are not supported yet"));
+    if (!shards.empty() && view->on_device != shards[0].on_device) {
+      return FieldError(shard_field, absl::StrCat("is in ", view->on_device ? "device" : "host",
+                                                  " memory and shards[0] is not: every shard must be "
+                                                  "in the same kind of memory"));
+    }
+    if (view->on_device && s >= kMaxDeviceShards) {
+      return FieldError(field + ".shards",
+                        absl::StrCat("more than ", kMaxDeviceShards, " shards in device memory"));
     }
     if (!shards.empty() && (view->rows != shards[0].rows || view->dtype != shards[0].dtype)) {
       return FieldError(shard_field, "every shard must have the same rows and dtype as shards[0]");
@@ -178,6 +231,7 @@ absl::StatusOr<LogitsView> TensorView(const v1::Tensor& tensor, const std::strin
     }
     shards.push_back(*view);
   }
+  if (shards[0].on_device) return DeviceShardsView(field, shards);
   LogitsView out;
   out.dtype = shards[0].dtype;
   out.rows = shards[0].rows;

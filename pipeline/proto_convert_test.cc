@@ -149,6 +149,7 @@ TEST(ProtoConvert, WrappingExtentsAreRefusedEverywhere) {
 
   r = Step(2, 4, Logits(8));
   r.mutable_logits()->clear_values();
+  r.mutable_logits()->set_cols(0);  // the shards' sum
   wrap(r.mutable_logits()->add_shards());
   c = StepFromProto(r, nullptr);
   EXPECT_THAT(std::string(c.status().message()), HasSubstr("logits.shards[0].row_stride"));
@@ -271,6 +272,104 @@ TEST(ProtoConvert, DeviceDraftTensorsAreViewsAndFailAlone) {
   ASSERT_EQ(resolver.extents.size(), 1u);
   EXPECT_EQ(resolver.extents[0].first, "requests[0].draft_logprobs");
   EXPECT_EQ(resolver.extents[0].second, 8 * 2);  // one row of 8 bf16: the stride never read
+}
+
+// Issue 47: tensor-parallel shards in device memory are one view whose columns stay in each
+// shard (nothing gathered or reserved), each shard with its own stride and ready event.
+v1::SampleRequest DeviceShardStep(const std::vector<int>& cols, const std::vector<int64_t>& offsets) {
+  v1::SampleRequest r = Step(2, 8, Logits(16));
+  v1::Tensor* t = r.mutable_logits();
+  t->clear_values();
+  t->set_cols(0);
+  for (size_t s = 0; s < cols.size(); ++s) {
+    v1::Tensor* shard = t->add_shards();
+    shard->set_dtype(v1::BFLOAT16);
+    shard->set_rows(2);
+    shard->set_cols(cols[s]);
+    shard->set_row_stride(cols[s] + 3);
+    shard->mutable_buffer()->set_name("rank" + std::to_string(s));
+    shard->mutable_buffer()->set_byte_offset(offsets[s]);
+    shard->set_ready_event(std::string(64 + s, 'e'));
+  }
+  return r;
+}
+
+TEST(ProtoConvert, DeviceShardsAreOneViewReadInPlace) {
+  DeviceResolver resolver;
+  MemoryBudget budget(0);  // nothing may be reserved: no gather copy
+  auto converted = StepFromProto(DeviceShardStep({3, 5}, {0, 1000}), &resolver, &budget);
+  ASSERT_TRUE(converted.ok()) << converted.status();
+  const LogitsView& v = (*converted)->step.logits;
+  EXPECT_TRUE(v.on_device);
+  EXPECT_EQ(v.cols, 8);
+  EXPECT_EQ(v.row_stride, 8);
+  EXPECT_EQ(v.dtype, DType::kBFloat16);
+  EXPECT_EQ(v.ready_event, nullptr);
+  ASSERT_EQ(v.shards.size(), 2u);
+  EXPECT_EQ(v.data, v.shards[0].data);
+  for (int s = 0; s < 2; ++s) {
+    const LogitsShard& shard = v.shards[s];
+    EXPECT_EQ(shard.data, reinterpret_cast<const void*>(uintptr_t{0x1000} + (s == 0 ? 0 : 1000)));
+    EXPECT_EQ(shard.col_begin, s == 0 ? 0 : 3);
+    EXPECT_EQ(shard.cols, s == 0 ? 3 : 5);
+    EXPECT_EQ(shard.row_stride, shard.cols + 3);
+    EXPECT_EQ(shard.ready_event, reinterpret_cast<const void*>(uintptr_t{0x2000} + 64 + s));
+  }
+  // Each shard's extent is checked against its source: (rows - 1) * stride + cols elements.
+  ASSERT_EQ(resolver.extents.size(), 2u);
+  EXPECT_EQ(resolver.extents[0].second, (6 + 3) * 2);
+  EXPECT_EQ(resolver.extents[1].second, (8 + 5) * 2);
+  // The CPU backend reads no device memory.
+  auto plan = PlanConvertedStep(**converted, Limits{}, [] { return uint64_t{0}; });
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto cpu = CpuBackend::Create({.num_threads = 1});
+  auto result = (*cpu)->Sample(*plan);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(result.status().message()), HasSubstr("CUDA backend"));
+}
+
+// What a careless or hostile tensor-parallel worker can send: each fails the step naming the
+// field, before anything is read.
+TEST(ProtoConvert, DeviceShardsThatCannotBeOneTensorAreRefused) {
+  DeviceResolver resolver;
+  auto refused = [&](const v1::SampleRequest& r, absl::StatusCode code, const std::string& field,
+                     const std::string& why) {
+    auto converted = StepFromProto(r, &resolver);
+    ASSERT_FALSE(converted.ok());
+    EXPECT_EQ(converted.status().code(), code) << converted.status();
+    EXPECT_THAT(std::string(converted.status().message()), HasSubstr(field));
+    EXPECT_THAT(std::string(converted.status().message()), HasSubstr(why));
+  };
+  // Overlapping slices: shard 1 starts inside shard 0's bytes ((2 - 1) * 7 + 4 = 11 elements).
+  refused(DeviceShardStep({4, 4}, {0, 20}), absl::StatusCode::kInvalidArgument, "logits.shards[1]",
+          "overlap");
+  refused(DeviceShardStep({4, 4}, {20, 0}), absl::StatusCode::kInvalidArgument, "logits.shards[1]",
+          "logits.shards[0]");
+  // Columns that do not add up to what the tensor declares.
+  v1::SampleRequest sum = DeviceShardStep({3, 5}, {0, 1000});
+  sum.mutable_logits()->set_cols(9);
+  refused(sum, absl::StatusCode::kInvalidArgument, "logits.cols", "added up (8)");
+  // One shard on the host, one on the device.
+  v1::SampleRequest mixed = DeviceShardStep({3, 5}, {0, 1000});
+  mixed.mutable_logits()->mutable_shards(0)->clear_buffer();
+  mixed.mutable_logits()->mutable_shards(0)->set_data(std::string(30, '\0'));
+  refused(mixed, absl::StatusCode::kInvalidArgument, "logits.shards[1]", "same kind of memory");
+  // Another dtype, other rows.
+  v1::SampleRequest dtype = DeviceShardStep({3, 5}, {0, 1000});
+  dtype.mutable_logits()->mutable_shards(1)->set_dtype(v1::FLOAT16);
+  refused(dtype, absl::StatusCode::kInvalidArgument, "logits.shards[1]", "same rows and dtype");
+  // More shards than the kernels look up.
+  std::vector<int> cols(kMaxDeviceShards + 1, 1);
+  std::vector<int64_t> offsets;
+  for (size_t s = 0; s < cols.size(); ++s) offsets.push_back(static_cast<int64_t>(s) * 64);
+  v1::SampleRequest many = DeviceShardStep(cols, offsets);
+  many.mutable_inputs()->set_vocab_size(static_cast<int>(cols.size()));
+  refused(many, absl::StatusCode::kInvalidArgument, "logits.shards",
+          "more than " + std::to_string(kMaxDeviceShards));
+  // A shard that cannot be resolved names itself.
+  v1::SampleRequest gone = DeviceShardStep({3, 5}, {0, 1000});
+  gone.mutable_logits()->mutable_shards(1)->mutable_buffer()->set_name("gone");
+  refused(gone, absl::StatusCode::kNotFound, "logits.shards[1]", "no such buffer");
 }
 
 TEST(ProtoConvert, ABatchIsItsRequests) {

@@ -29,9 +29,26 @@ int DTypeSize(DType dtype);
 const char* DTypeName(DType dtype);
 const char* StepKindName(StepKind kind);
 
+// One tensor-parallel shard of a device view (issue 47): the logits' columns
+// [col_begin, col_begin + cols), each row `row_stride` elements after the last, read in place.
+struct LogitsShard {
+  const void* data = nullptr;  // device memory: column col_begin of row 0
+  int64_t row_stride = 0;      // elements; >= cols
+  int32_t col_begin = 0;
+  int32_t cols = 0;
+  const void* ready_event = nullptr;  // as LogitsView::ready_event, this shard's producer's
+};
+
+// The most device shards one tensor may have: the kernels look a column's shard up by a scan.
+constexpr int kMaxDeviceShards = 16;
+
 // A [rows, cols] matrix of logits somewhere in memory, row-major, `row_stride` elements apart.
 // Borrowed: whoever built the view keeps the memory alive (and checked its extent) until the
 // step is answered. `on_device` says whether `data` is a CUDA device pointer.
+// A device view may instead be the columns of `shards` side by side (tensor-parallel logits in
+// several ranks' memory, never gathered): then `data` is shards[0]'s, `row_stride` is `cols`
+// (only the shards' own strides address memory) and `ready_event` is null (each shard has its
+// own).
 struct LogitsView {
   const void* data = nullptr;
   DType dtype = DType::kFloat32;
@@ -42,6 +59,7 @@ struct LogitsView {
   // Device views only: an event (the backend's native type, opaque here) that the backend's
   // stream waits on before reading; null = the producer already synchronised.
   const void* ready_event = nullptr;
+  std::vector<LogitsShard> shards;  // device views only; empty: one tensor at `data`
 
   // Bytes the view spans: (rows - 1) * row_stride + cols elements; -1 if that overflows (a
   // view built from a request never does: proto_convert checks it with TensorByteExtent).

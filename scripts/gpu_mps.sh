@@ -30,7 +30,8 @@ mps_start() {
   trap 'echo quit | nvidia-cuda-mps-control; sleep 1' EXIT
 }
 client_tests=(client/python/tests/test_cuda.py client/python/tests/test_cuda_output.py
-              client/python/tests/test_cuda_drafts.py client/python/tests/test_cuda_dead_worker.py)
+              client/python/tests/test_cuda_drafts.py client/python/tests/test_cuda_shards.py
+              client/python/tests/test_cuda_dead_worker.py)
 if [[ ${1:-} == run || ${1:-} == bench || ${1:-} == graphbench || ${1:-} == check ]]; then
   source $pack/env.sh
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -83,7 +84,7 @@ if [[ ${1:-} == check ]]; then
   timeout 240 $pack/bin/cuda_backend_test || status=1
   for tool in memcheck racecheck; do
     timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $pack/bin/cuda_backend_test \
-      --gtest_filter='*StepOutput*:*DeviceDrafts*' > /tmp/sanitizer.txt 2>&1 || status=1
+      --gtest_filter='*StepOutput*:*DeviceDrafts*:*DeviceShards*' > /tmp/sanitizer.txt 2>&1 || status=1
     tail -n 4 /tmp/sanitizer.txt
   done
   cpp_outputs --cuda_experimental_kernels || status=1

@@ -57,12 +57,9 @@ absl::StatusOr<v1::BufferInfo> BufferRegistry::Register(const v1::RegisterBuffer
             "kind: CUDA_IPC regions need the CUDA backend; this server runs the cpu backend "
             "(use HOST_SHM or inline logits)");
       }
-      if (request.device_id() != device_->device()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "device_id: ", request.device_id(), " is not the server's CUDA device ",
-            device_->device()));
-      }
-      auto opened = device_->OpenMemory(*handle, request.byte_size(), request.device_id(),
+      if (auto peer = CheckDevice(request.device_id(), "device_id"); !peer.ok()) return peer;
+      // Opened on the server's device: a peer's memory is mapped there by peer access.
+      auto opened = device_->OpenMemory(*handle, request.byte_size(), device_->device(),
                                         &region->data, &region->bytes);
       if (!opened.ok()) return opened.status();
       region->device = std::move(*opened);
@@ -283,12 +280,10 @@ absl::StatusOr<const void*> BufferRegistry::ResolveFor(const std::string& owner,
             absl::StrCat(field, ".cuda_ipc: CUDA IPC logits need the CUDA backend; this server "
                                 "runs the cpu backend"));
       }
-      if (ref.device_id() != device_->device()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            field, ".cuda_ipc.device_id: ", ref.device_id(), " is not the server's CUDA device ",
-            device_->device()));
+      if (auto peer = CheckDevice(ref.device_id(), field + ".cuda_ipc.device_id"); !peer.ok()) {
+        return peer;
       }
-      auto region = OneOffRegion(*handle, ref.device_id(), owner);
+      auto region = OneOffRegion(*handle, device_->device(), owner);
       if (!region.ok()) return region.status();
       const int64_t size = (*region)->bytes;
       auto within = CheckSliceWithin(
@@ -314,6 +309,13 @@ BufferRegistry::BufferRegistry(const BufferRegistryOptions& options)
     : max_buffers_(options.max_buffers),
       device_(options.device),
       shm_options_(options.shm) {}
+
+absl::Status BufferRegistry::CheckDevice(int device_id, const std::string& field) const {
+  if (device_id == device_->device() || device_->CanAccessPeer(device_id)) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(field, ": ", device_id, " is not the server's CUDA device ", device_->device(),
+                   " nor a peer GPU it can read by peer access"));
+}
 
 absl::StatusOr<std::shared_ptr<const BufferRegistry::Region>> BufferRegistry::OneOffRegion(
     const CudaIpcHandle& handle, int device, const std::string& owner) {

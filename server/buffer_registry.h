@@ -117,6 +117,9 @@ class BufferRegistry final : public LogitsSourceResolver {
     int64_t bytes = 0;                       // readable bytes from data
     bool on_device = false;
   };
+  // A CUDA IPC source's device_id: the server's device, or a peer GPU it can read by peer
+  // access (DeviceMemoryOpener::CanAccessPeer); else FAILED_PRECONDITION naming `field`.
+  absl::Status CheckDevice(int device_id, const std::string& field) const;
   // Opens (or finds) a one-off cuda_ipc handle's whole allocation.
   absl::StatusOr<std::shared_ptr<const Region>> OneOffRegion(const CudaIpcHandle& handle,
                                                              int device, const std::string& owner);

@@ -34,6 +34,9 @@ class DeviceMemoryOpener {
   virtual absl::StatusOr<std::shared_ptr<const void>> PinHostMemory(const void* data,
                                                                     int64_t bytes) = 0;
   virtual int device() const = 0;
+  // Whether memory on `peer` (another GPU of this host) is readable from device() by peer
+  // access: a tensor-parallel rank's logits shard there is then read in place (issue 47).
+  virtual bool CanAccessPeer(int peer) const { return false; }
 };
 
 }  // namespace samplerd

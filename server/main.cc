@@ -189,6 +189,7 @@ class CudaMemoryOpener final : public DeviceMemoryOpener {
     return std::shared_ptr<const void>(std::move(*pinned));
   }
   int device() const override { return device_; }
+  bool CanAccessPeer(int peer) const override { return CudaCanAccessPeer(device_, peer); }
 
  private:
   const int device_;

@@ -278,22 +278,21 @@ static __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) 
     }
     const double log_zk = log(Zk);
     // SPEC 7's RAW mode: the logits as sent (columns < V), their max and log-sum-exp.
-    const char* raw_row = LogitsRow(p, job.logits_row);
     float raw_max = kNegInf;
     double raw_log_sum = 0.0;
     if (raw) {
       float m_local = kNegInf;
-      for (int c = threadIdx.x; c < V; c += blockDim.x) m_local = fmaxf(m_local, LoadLogit(raw_row, p.dtype, c));
+      for (int c = threadIdx.x; c < V; c += blockDim.x) m_local = fmaxf(m_local, LoadLogitAt(p, job.logits_row, c));
       raw_max = BlockReduce(m_local, MaxOp(), sh.scratch_f);
       double z_local = 0.0;
       for (int c = threadIdx.x; c < V; c += blockDim.x) {
-        z_local += expf(LoadLogit(raw_row, p.dtype, c) - raw_max);
+        z_local += expf(LoadLogitAt(p, job.logits_row, c) - raw_max);
       }
       raw_log_sum = log(BlockReduce(z_local, SumOp(), sh.scratch_d));
     }
     auto raw_lp = [&](int t) {
       if (t < 0 || t >= V) return kNegInf;
-      return static_cast<float>(static_cast<double>(LoadLogit(raw_row, p.dtype, t)) -
+      return static_cast<float>(static_cast<double>(LoadLogitAt(p, job.logits_row, t)) -
                                 static_cast<double>(raw_max) - raw_log_sum);
     };
     auto kept_mass = [&](int c, uint32_t* k) -> unsigned long long {
@@ -375,7 +374,7 @@ static __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) 
         if (raw) {
           RadixSelect(sh, V,
                       [&](int c, uint32_t* k) -> unsigned long long {
-                        const float v = LoadLogit(raw_row, p.dtype, c);
+                        const float v = LoadLogitAt(p, job.logits_row, c);
                         *k = OrderKey(v);
                         return v == kNegInf ? 0ull : 1ull;
                       },

@@ -135,18 +135,20 @@ static __device__ bool ApplyChunkUpdates(const StepParams& p, const RowJob& job,
 // pass (LoadStats::Admit), then the job's updates that fall in the chunk, and the extremes
 // again where one did: a row's few updates leave most of its chunks as they were loaded.
 // Per-thread partials in *bad_out, *m_out, *mn_out. Any block size.
-static __device__ void LoadChunk(const StepParams& p, const RowJob& job, const char* row, int lo, int n,
+static __device__ void LoadChunk(const StepParams& p, const RowJob& job, int lo, int n,
                           float* xs, int* bad_out, float* m_out, float* mn_out) {
   const unsigned char* mask = RowMask(job);
   LoadStats st;
   auto admitted = [&](int i, float v) { return st.Admit(v, mask, lo + i); };
+  // Column lo's address; null where the chunk straddles two tensor-parallel shards.
+  const char* run = RowRun(p, job.logits_row, lo, n);
   // 16-byte loads, and 16-byte stores into xs: four scalar stores a thread would hit the same
   // shared-memory banks four ways.
   const bool xs_aligned = reinterpret_cast<uintptr_t>(xs) % 16 == 0;
-  const bool vector_f32 = p.dtype == DType::kFloat32 && xs_aligned &&
-                          (reinterpret_cast<uintptr_t>(row) % 16 == 0) && (lo % 4 == 0);
+  const bool run_aligned = run != nullptr && reinterpret_cast<uintptr_t>(run) % 16 == 0;
+  const bool vector_f32 = p.dtype == DType::kFloat32 && xs_aligned && run_aligned;
   if (vector_f32) {
-    const float4* src = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(row) + lo);
+    const float4* src = reinterpret_cast<const float4*>(run);
     float4* dst = reinterpret_cast<float4*>(xs);
     const int n4 = n / 4;
 #pragma unroll 4
@@ -156,12 +158,11 @@ static __device__ void LoadChunk(const StepParams& p, const RowJob& job, const c
                            admitted(4 * i + 2, v.z), admitted(4 * i + 3, v.w));
     }
     for (int i = 4 * n4 + threadIdx.x; i < n; i += blockDim.x) {
-      xs[i] = admitted(i, reinterpret_cast<const float*>(row)[lo + i]);
+      xs[i] = admitted(i, reinterpret_cast<const float*>(run)[i]);
     }
-  } else if (p.dtype != DType::kFloat32 && xs_aligned && (reinterpret_cast<uintptr_t>(row) % 16 == 0) &&
-             (lo % 8 == 0)) {
+  } else if (p.dtype != DType::kFloat32 && xs_aligned && run_aligned) {
     // 16-byte loads of eight bf16 / fp16 values.
-    const uint4* src = reinterpret_cast<const uint4*>(row + 2 * static_cast<int64_t>(lo));
+    const uint4* src = reinterpret_cast<const uint4*>(run);
     float4* dst = reinterpret_cast<float4*>(xs);
     const int n8 = n / 8;
 #pragma unroll 2
@@ -173,9 +174,13 @@ static __device__ void LoadChunk(const StepParams& p, const RowJob& job, const c
       dst[2 * i] = make_float4(out[0], out[1], out[2], out[3]);
       dst[2 * i + 1] = make_float4(out[4], out[5], out[6], out[7]);
     }
-    for (int i = 8 * n8 + threadIdx.x; i < n; i += blockDim.x) xs[i] = admitted(i, LoadLogit(row, p.dtype, lo + i));
+    for (int i = 8 * n8 + threadIdx.x; i < n; i += blockDim.x) xs[i] = admitted(i, LoadLogit(run, p.dtype, i));
+  } else if (run != nullptr) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) xs[i] = admitted(i, LoadLogit(run, p.dtype, i));
   } else {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) xs[i] = admitted(i, LoadLogit(row, p.dtype, lo + i));
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      xs[i] = admitted(i, LoadLogitAt(p, job.logits_row, lo + i));
+    }
   }
   if (job.update_end > job.update_begin) {
     __syncthreads();
