@@ -16,8 +16,8 @@ from .cuda import CudaRegion, ReadyEvent, TokenOutput
 from .errors import RequestError, SamplerError
 from .results import BatchResult, RequestResult, StepResult
 from .shm import ShmRegion
-from .step import (CudaLogits, Decode, Draft, NcclLogits, Prefill, SamplingParams, ShmLogits,
-                   build_batch, build_step)
+from .step import (CudaLogits, Decode, Draft, NcclLogits, Prefill, SamplingParams, ShardedLogits,
+                   ShmLogits, build_batch, build_step)
 
 try:
     from importlib.metadata import version as _version
@@ -29,6 +29,6 @@ __all__ = [
     "pb", "TLS", "SamplerClient", "StepChannel", "AsyncStepChannel", "AsyncSamplerClient", "StepStream", "AsyncStepStream", "CudaRegion",
     "ReadyEvent", "SamplerError", "RequestError", "RequestResult", "StepResult", "ShmRegion",
     "Prefill", "Decode", "Draft", "SamplingParams", "ShmLogits", "CudaLogits", "NcclLogits",
-    "build_step", "build_batch", "BatchResult", "TokenOutput",
+    "ShardedLogits", "build_step", "build_batch", "BatchResult", "TokenOutput",
 ]
 # The group follower (samplerd.follower.GroupFollower) imports torch: not loaded here.

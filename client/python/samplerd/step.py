@@ -305,17 +305,41 @@ class NcclLogits:
         tensor.nccl.src_rank = self.src_rank
 
 
+@dataclass(frozen=True)
+class ShardedLogits:
+    """A vocabulary split across tensor-parallel ranks (an lm_head split by columns): `shards`
+    in column order, each any logits source (CudaLogits, ShmLogits, an array, a pb.Tensor such
+    as a CUDA IPC handle another rank exported). Every shard has the same rows and dtype. On
+    the CUDA backend shards in device memory are read in place, each after its own
+    ready_event (at most 16); host shards are concatenated by the server."""
+
+    shards: Sequence[object]
+
+    def fill(self, tensor):
+        if not self.shards:
+            raise ValueError("sharded logits: at least one shard")
+        cols = 0
+        for shard in self.shards:
+            part = tensor.shards.add()
+            _fill_logits(part, shard)
+            cols += part.cols
+        tensor.dtype = tensor.shards[0].dtype
+        tensor.rows, tensor.cols = tensor.shards[0].rows, cols
+
+
 def _as_tensor_source(value):
     """Lists become numpy arrays; every other source passes as it is."""
     return np.asarray(value) if isinstance(value, (list, tuple)) else value
 
 
 def _fill_logits(tensor, logits):
-    if isinstance(logits, (ShmLogits, CudaLogits, NcclLogits)):
+    if isinstance(logits, (ShmLogits, CudaLogits, NcclLogits, ShardedLogits)):
         logits.fill(tensor)
     elif isinstance(logits, np.ndarray):
         _inline(tensor, logits)
-    elif type(logits).__module__.startswith("torch"):
+    elif isinstance(logits, pb.Tensor):
+        tensor.CopyFrom(logits)
+    elif (type(logits).__module__ or "").startswith("torch"):
         if logits.is_cuda:
             raise ValueError("a CUDA tensor must be registered first (register_cuda_tensor) "
                              "and sent as CudaLogits")
@@ -325,8 +349,6 @@ def _fill_logits(tensor, logits):
         tensor.dtype = _TORCH_DTYPES[str(t.dtype)]
         tensor.rows, tensor.cols = t.shape
         tensor.data = t.view(-1).view(torch.uint8).numpy().tobytes()
-    elif isinstance(logits, pb.Tensor):
-        tensor.CopyFrom(logits)
     else:
         raise TypeError(f"logits: unsupported type {type(logits).__name__}")
 

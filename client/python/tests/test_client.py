@@ -153,6 +153,28 @@ def test_errors_carry_the_code_and_field(client):
         assert stream.step(logits(3), prefill()).raise_for_errors()[0].ok
 
 
+def test_sharded_logits_answer_as_whole(client):
+    """ShardedLogits: a vocabulary split by columns (three uneven host shards) answers as the
+    same logits sent whole; on the CPU backend, shards in device memory are refused."""
+    x = logits(30)
+    whole = client.sample(x, prefill(temperature=0.8, top_logprobs=4))
+    cuts = [0, 5, 41, x.shape[1]]
+    parts = [np.ascontiguousarray(x[:, a:b]) for a, b in zip(cuts, cuts[1:])]
+    sharded = client.sample(samplerd.ShardedLogits(parts), prefill(temperature=0.8, top_logprobs=4))
+    for a, b in zip(whole, sharded):
+        assert a.token_ids.tolist() == b.token_ids.tolist()
+        assert a.logprobs.tobytes() == b.logprobs.tobytes()
+        assert a.top_logprobs.tobytes() == b.top_logprobs.tobytes()
+    if client.server_info().backend != "cpu":
+        return
+    device = samplerd.pb.Tensor(dtype=samplerd.pb.FLOAT32, rows=x.shape[0], cols=4)
+    device.cuda_ipc.handle = bytes(64)
+    with pytest.raises(samplerd.SamplerError) as e:
+        client.sample(samplerd.ShardedLogits([device, device]), prefill())
+    assert e.value.code.name == "FAILED_PRECONDITION", e.value.message
+    assert "logits.shards[0].cuda_ipc" in e.value.message
+
+
 def test_token_adjustments(client):
     """SPEC 3 step 2 through the client's SamplingParams: each adjustment's effect on the whole
     processed distribution (top_logprobs = 64 on a 64-token vocabulary) against numpy."""
