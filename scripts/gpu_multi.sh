@@ -7,7 +7,8 @@
 # on GPU 1: 1000 steps whose broadcasts equal the gRPC answers bitwise; NCCL logits from the
 # follower; kill -9 of the follower mid-step; destroy and re-create), bench/group_bench
 # (broadcast cost per step at R = 16 and 384, latency with and without a group), and the
-# Python CP=2 example (examples/cp_decode_loop.py). NVLink multicast stays off (NCCL_NVLS_ENABLE=0,
+# Python CP=2 example (examples/cp_decode_loop.py), then a TP = 2 logits shard on the second
+# GPU (client/python/tests/test_cuda_shards.py -k peer). NVLink multicast stays off (NCCL_NVLS_ENABLE=0,
 # as the device notes ask).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,4 +30,11 @@ python3 -m pip install -q --no-index --find-links=.device-pack/wheels --target="
 PYTHONPATH=$dir/pylib python3 examples/cp_decode_loop.py "127.0.0.1:$(head -1 "$dir/port")" \
   || status=1
 kill -TERM $pid; wait $pid
+# Issue 47: a tensor-parallel rank's logits shard on GPU 1, read by samplerd on GPU 0 by peer
+# access (or refused naming the field where the GPUs have none).
+python3 -m pip install -q --no-index --find-links=.device-pack/wheels --target="$dir/pylib" \
+  --no-deps pytest pluggy iniconfig packaging
+SAMPLERD_BIN=$PWD/.device-pack/bin/samplerd SAMPLERD_TEST_BACKEND=cuda PYTHONPATH=$dir/pylib \
+  python3 -m pytest -q -s -p no:cacheprovider client/python/tests/test_cuda_shards.py -k peer \
+  || status=1
 exit $status

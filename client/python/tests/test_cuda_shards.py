@@ -40,8 +40,8 @@ PAD = (24, 40)  # each rank's row padding, in fp32 elements
 RANK1 = r"""
 import json, sys, torch
 from samplerd.cuda import CudaRegion, ReadyEvent
-rows, vocab, half, pad = map(int, sys.argv[1:5])
-dev = torch.device("cuda", 0)
+rows, vocab, half, pad, gpu = map(int, sys.argv[1:6])
+dev = torch.device("cuda", gpu)
 stream = torch.cuda.Stream(dev)
 shard = torch.zeros(rows, vocab - half + pad, dtype=torch.float32, device=dev)
 region = CudaRegion.from_tensor("rank1", shard)
@@ -57,10 +57,12 @@ for line in sys.stdin:
     dtype = getattr(torch, cmd["dtype"])
     g = torch.Generator().manual_seed(cmd["step"])
     full = (torch.randn(rows, vocab, generator=g) * 2.0).to(dtype)
+    src = full[:, half:].to(dev)  # uploaded first: the host must not wait on the sleep below
     with torch.cuda.stream(stream):
         torch.cuda._sleep(40_000_000)
         view = shard.view(dtype)[:, :vocab - half]
-        view.copy_(full[:, half:].to(dev, non_blocking=False))
+        view.copy_(src)
+        src.record_stream(stream)
         ready.record(stream)
     print("queued", flush=True)
 torch.cuda.synchronize()
@@ -97,16 +99,24 @@ def gpu(tmp_path_factory):
     assert server.stop() == 0
 
 
-@pytest.fixture(scope="module")
-def rank1():
+def start_rank1(gpu_index):
     proc = subprocess.Popen([sys.executable, "-c", RANK1, str(ROWS), str(VOCAB), str(HALF),
-                             str(PAD[1])], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, env=dict(os.environ))
-    exported = json.loads(proc.stdout.readline())
-    yield proc, exported
+                             str(PAD[1]), str(gpu_index)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    return proc, json.loads(proc.stdout.readline())
+
+
+def stop_rank1(proc):
     proc.stdin.write(json.dumps({"quit": True}) + "\n")
     proc.stdin.flush()
     assert proc.wait(timeout=60) == 0
+
+
+@pytest.fixture(scope="module")
+def rank1():
+    proc, exported = start_rank1(0)
+    yield proc, exported
+    stop_rank1(proc)
 
 
 def rank1_tensor(exported, dtype, device_id=None):
@@ -122,39 +132,46 @@ def rank1_tensor(exported, dtype, device_id=None):
     return t
 
 
-def test_tp2_shards_answer_as_whole_logits(gpu, rank1):
-    proc, exported = rank1
-    assert gpu.server_info().backend == "cuda"
-    dev = torch.device("cuda", 0)
+def run_tp2_steps(gpu, proc, exported, shard0, region0, whole, region_whole):
+    """STEPS steps from rank 0's and rank 1's shards, each against the same logits whole."""
+    dev = shard0.device
     stream = torch.cuda.Stream(dev)
-    shard0 = torch.zeros(ROWS, HALF + PAD[0], dtype=torch.float32, device=dev)
-    whole = torch.zeros(ROWS, VOCAB, dtype=torch.float32, device=dev)
-    region0 = gpu.register_cuda_tensor("rank0", shard0)
-    region_whole = gpu.register_cuda_tensor("whole", whole)
     ready0 = samplerd.ReadyEvent()
     for step_id in range(1, STEPS + 1):
         dtype = torch.float32 if step_id % 2 else torch.bfloat16
         proc.stdin.write(json.dumps({"step": step_id, "dtype": str(dtype).split(".")[1]}) + "\n")
         proc.stdin.flush()
         assert proc.stdout.readline().strip() == "queued"
-        full = step_logits(step_id, dtype)
+        full = step_logits(step_id, dtype).to(dev)
         with torch.cuda.stream(stream):
             torch.cuda._sleep(40_000_000)
             view0 = shard0.view(dtype)[:, :HALF]
-            view0.copy_(full[:, :HALF].to(dev))
+            view0.copy_(full[:, :HALF])
+            full.record_stream(stream)
         event0 = ready0.record(stream)
         sharded = samplerd.ShardedLogits([samplerd.CudaLogits(region0, view0, event0),
                                           rank1_tensor(exported, dtype)])
         answer = gpu.sample_request(gpu.build(sharded, requests(step_id), step_id=step_id,
                                               compute_sum_smaller_probs=True))
         whole_view = whole.view(dtype)[:, :VOCAB]
-        whole_view.copy_(full.to(dev))
+        whole_view.copy_(full)
         torch.cuda.synchronize()
         reference = gpu.sample_request(gpu.build(samplerd.CudaLogits(region_whole, whole_view),
                                                  requests(step_id), step_id=step_id,
                                                  compute_sum_smaller_probs=True))
         same(answer, reference, f"step {step_id} {dtype}")
     torch.cuda.synchronize()
+
+
+def test_tp2_shards_answer_as_whole_logits(gpu, rank1):
+    proc, exported = rank1
+    assert gpu.server_info().backend == "cuda"
+    dev = torch.device("cuda", 0)
+    shard0 = torch.zeros(ROWS, HALF + PAD[0], dtype=torch.float32, device=dev)
+    whole = torch.zeros(ROWS, VOCAB, dtype=torch.float32, device=dev)
+    region0 = gpu.register_cuda_tensor("rank0", shard0)
+    region_whole = gpu.register_cuda_tensor("whole", whole)
+    run_tp2_steps(gpu, proc, exported, shard0, region0, whole, region_whole)
 
     # Hostile shards: each fails the step naming the field; the next step is served.
     dtype = torch.float32
@@ -169,7 +186,7 @@ def test_tp2_shards_answer_as_whole_logits(gpu, rank1):
     def build(*shards):
         return gpu.build(samplerd.ShardedLogits(list(shards)), requests(1), step_id=99)
 
-    refused(build(samplerd.CudaLogits(region0, view0), rank1_tensor(exported, dtype, device_id=1)),
+    refused(build(samplerd.CudaLogits(region0, view0), rank1_tensor(exported, dtype, device_id=99)),
             grpc.StatusCode.FAILED_PRECONDITION, "logits.shards[1].cuda_ipc.device_id",
             "is not the server's CUDA device")
     # Rank 1's columns named inside rank 0's bytes, 4 elements in.
@@ -190,3 +207,32 @@ def test_tp2_shards_answer_as_whole_logits(gpu, rank1):
     gpu.unregister("whole")
     print(f"test_cuda_shards: {STEPS} TP=2 steps x {ROWS} requests (fp32, bf16) bitwise equal "
           f"to the whole logits; 4 hostile shard steps refused")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (scripts/gpu_multi.sh)")
+def test_tp2_shard_on_a_peer_gpu(gpu):
+    """Rank 1 on GPU 1 (its handle's device_id 1): samplerd on GPU 0 reads its shard by peer
+    access, bitwise as the whole logits; where the two GPUs have no peer access it must refuse
+    naming logits.shards[1].cuda_ipc.device_id instead."""
+    proc, exported = start_rank1(1)
+    try:
+        assert exported["device_id"] == 1
+        dev = torch.device("cuda", 0)
+        shard0 = torch.zeros(ROWS, HALF + PAD[0], dtype=torch.float32, device=dev)
+        whole = torch.zeros(ROWS, VOCAB, dtype=torch.float32, device=dev)
+        region0 = gpu.register_cuda_tensor("peer-rank0", shard0)
+        region_whole = gpu.register_cuda_tensor("peer-whole", whole)
+        if torch.cuda.can_device_access_peer(0, 1):
+            run_tp2_steps(gpu, proc, exported, shard0, region0, whole, region_whole)
+        else:
+            msg = gpu.build(samplerd.ShardedLogits([samplerd.CudaLogits(region0, shard0[:, :HALF]),
+                                                    rank1_tensor(exported, torch.float32)]),
+                            requests(1), step_id=1)
+            with pytest.raises(samplerd.SamplerError) as e:
+                gpu.sample_request(msg)
+            assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION
+            assert "logits.shards[1].cuda_ipc.device_id" in e.value.message
+        gpu.unregister("peer-rank0")
+        gpu.unregister("peer-whole")
+    finally:
+        stop_rank1(proc)
