@@ -23,9 +23,15 @@ __global__ void __launch_bounds__(kPrepareThreads) PrepareRowsKernel(StepParams 
   float* x = p.workspace + static_cast<int64_t>(job_index) * V;
   const unsigned char* mask = RowMask(job);
   LoadStats st;
-  for (int c = begin + threadIdx.x; c < end; c += kPrepareThreads) {
-    const float v = run != nullptr ? LoadLogit(run, p.dtype, c - begin) : LoadLogitAt(p, job.logits_row, c);
-    x[c] = st.Admit(v, mask, c);
+  if (run != nullptr) {
+    for (int c = begin + threadIdx.x; c < end; c += kPrepareThreads) {
+      x[c] = st.Admit(LoadLogit(run, p.dtype, c - begin), mask, c);
+    }
+  } else {
+    ShardWalker walk(p, job.logits_row, begin + threadIdx.x);
+    for (int c = begin + threadIdx.x; c < end; c += kPrepareThreads) {
+      x[c] = st.Admit(LoadLogit(walk.At(c), p.dtype, 0), mask, c);
+    }
   }
   __shared__ float scratch_f[32];
   __shared__ int scratch_i[32];

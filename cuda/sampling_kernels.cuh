@@ -76,8 +76,46 @@ __device__ __forceinline__ const char* RowRun(const StepParams& p, int32_t logit
   return nullptr;
 }
 
-// Column c of row `logits_row`, whichever shard holds it: the loads of a chunk that straddles
-// two shards, and the general kernel's whole-row scans.
+// The columns of one row a thread reads in rising order, across tensor-parallel shards: a chunk
+// that straddles shards (RowRun null). Each column's shard is found by walking the table on
+// from the last one, so a thread's pass costs one comparison a column and one step a boundary
+// (a lookup from the start for every column made the straddling chunk the step's slowest).
+class ShardWalker {
+ public:
+  // `first`: the first column this thread will ask for.
+  __device__ ShardWalker(const StepParams& p, int32_t logits_row, int32_t first)
+      : p_(p), row_(logits_row), elem_(p.dtype == DType::kFloat32 ? 4 : 2) {
+    while (s_ + 1 < p.num_shards && first >= p.shards[s_ + 1].col_begin) ++s_;
+    Enter();
+  }
+  // Column c's address; c is at or past every column this thread asked for before.
+  __device__ __forceinline__ const char* At(int32_t c) {
+    while (c >= end_ && s_ + 1 < p_.num_shards) {
+      ++s_;
+      Enter();
+    }
+    return base_ + static_cast<int64_t>(c - begin_) * elem_;
+  }
+  // The end of the shard of the column At returned last: columns up to it are contiguous.
+  __device__ __forceinline__ int32_t end() const { return end_; }
+
+ private:
+  __device__ __forceinline__ void Enter() {
+    const DeviceShard& shard = p_.shards[s_];
+    begin_ = shard.col_begin;
+    end_ = shard.col_end;
+    base_ = shard.data + static_cast<int64_t>(row_) * shard.row_stride * elem_;
+  }
+  const StepParams& p_;
+  const int32_t row_;
+  const int elem_;
+  int s_ = 0;
+  int32_t begin_ = 0, end_ = 0;
+  const char* base_ = nullptr;
+};
+
+// Column c of row `logits_row`, whichever shard holds it: the general kernel's whole-row
+// scans (one column at a time, in no order a walker could use).
 __device__ __forceinline__ float LoadLogitAt(const StepParams& p, int32_t logits_row, int32_t c) {
   if (p.num_shards == 0) return LoadLogit(RowRun(p, logits_row, 0, 0), p.dtype, c);
   int s = 0;

@@ -78,37 +78,58 @@ struct SplitItem {
 
 // Loads tokens [lo, lo + n) of a job's row into x (tokens at or past n: -inf, never read) and
 // admits them (LoadStats::Admit). All of a thread's loads are issued before the first is used.
+// Group k of a thread's values (G tokens) from one 16-byte load at `at`.
+template <int G>
+__device__ __forceinline__ void LoadGroup(const char* at, DType dtype, int k, float (&x)[kChunkValues]) {
+  if (G == 4) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(at));
+    x[k * G] = v.x;
+    x[k * G + 1] = v.y;
+    x[k * G + 2] = v.z;
+    x[k * G + 3] = v.w;
+  } else {
+    float out[8];
+    Unpack16(__ldg(reinterpret_cast<const uint4*>(at)), dtype, out);
+#pragma unroll
+    for (int w = 0; w < G; ++w) x[k * G + w] = out[w];
+  }
+}
+
 template <int G>
 __device__ __forceinline__ void LoadChunkValues(const StepParams& p, const RowJob& job, const char* run,
                                                 int lo, int n, float (&x)[kChunkValues], LoadStats* st) {
-  const bool vector = run != nullptr && reinterpret_cast<uintptr_t>(run) % 16 == 0;
-  // A whole chunk (every chunk of a row but its last) takes no bounds checks, and a row with
-  // no grammar mask no mask lookups: ~5 instructions a value against ~20 on the general way.
-  const bool whole = n == kSplitChunk;
   constexpr int kElem = 16 / G;  // bytes a token
+  if (run != nullptr) {
+    const bool vector = reinterpret_cast<uintptr_t>(run) % 16 == 0;
+    // A whole chunk (every chunk of a row but its last) takes no bounds checks, and a row with
+    // no grammar mask no mask lookups: ~5 instructions a value against ~20 on the general way.
+    const bool whole = n == kSplitChunk;
 #pragma unroll
-  for (int k = 0; k < kChunkValues / G; ++k) {
-    const int c0 = ChunkColumn<G>(k * G);
-    if (vector && (whole || c0 + G <= n)) {
-      const char* at = run + static_cast<int64_t>(c0) * kElem;
-      if (G == 4) {
-        const float4 v = __ldg(reinterpret_cast<const float4*>(at));
-        x[k * G] = v.x;
-        x[k * G + 1] = v.y;
-        x[k * G + 2] = v.z;
-        x[k * G + 3] = v.w;
+    for (int k = 0; k < kChunkValues / G; ++k) {
+      const int c0 = ChunkColumn<G>(k * G);
+      if (vector && (whole || c0 + G <= n)) {
+        LoadGroup<G>(run + static_cast<int64_t>(c0) * kElem, p.dtype, k, x);
       } else {
-        float out[8];
-        Unpack16(__ldg(reinterpret_cast<const uint4*>(at)), p.dtype, out);
 #pragma unroll
-        for (int w = 0; w < G; ++w) x[k * G + w] = out[w];
+        for (int w = 0; w < G; ++w) x[k * G + w] = c0 + w < n ? LoadLogit(run, p.dtype, c0 + w) : kNegInf;
       }
-    } else {
+    }
+  } else {
+    // The chunk straddles tensor-parallel shards: a group inside one shard at a 16-byte
+    // aligned address is still one load; the group across a boundary is read value by value.
+    ShardWalker walk(p, job.logits_row, lo + ChunkColumn<G>(0));
 #pragma unroll
-      for (int w = 0; w < G; ++w) {
-        x[k * G + w] = c0 + w >= n         ? kNegInf
-                       : run != nullptr ? LoadLogit(run, p.dtype, c0 + w)
-                                        : LoadLogitAt(p, job.logits_row, lo + c0 + w);
+    for (int k = 0; k < kChunkValues / G; ++k) {
+      const int c0 = ChunkColumn<G>(k * G);
+      const char* at = c0 < n ? walk.At(lo + c0) : nullptr;
+      if (at != nullptr && c0 + G <= n && lo + c0 + G <= walk.end() &&
+          reinterpret_cast<uintptr_t>(at) % 16 == 0) {
+        LoadGroup<G>(at, p.dtype, k, x);
+      } else {
+#pragma unroll
+        for (int w = 0; w < G; ++w) {
+          x[k * G + w] = c0 + w < n ? LoadLogit(walk.At(lo + c0 + w), p.dtype, 0) : kNegInf;
+        }
       }
     }
   }

@@ -16,6 +16,8 @@
 #   bash scripts/gpu_mps.sh graphbench [STEPS]
 # runs bench/decode_loop_bench.py with the model as one CUDA graph a step, without and with MPS,
 # then gpu_bench's issue 50 cost figures.
+#   bash scripts/gpu_mps.sh stress [SCENARIOS] [SECONDS]
+# runs the stress test against samplerd on CUDA (every answer checked against the CPU backend).
 #   bash scripts/gpu_mps.sh check
 # runs all of cuda_backend_test, compute-sanitizer (memcheck, racecheck) over the StepOutput and
 # device-draft tests, and the C++ StepOutput checks with the device's write
@@ -32,7 +34,8 @@ mps_start() {
 client_tests=(client/python/tests/test_cuda.py client/python/tests/test_cuda_output.py
               client/python/tests/test_cuda_drafts.py client/python/tests/test_cuda_shards.py
               client/python/tests/test_cuda_dead_worker.py)
-if [[ ${1:-} == run || ${1:-} == bench || ${1:-} == graphbench || ${1:-} == check ]]; then
+if [[ ${1:-} == run || ${1:-} == bench || ${1:-} == graphbench || ${1:-} == check ||
+      ${1:-} == stress ]]; then
   source $pack/env.sh
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site $pack/wheels/*.whl || exit 1
@@ -79,6 +82,12 @@ cpp_outputs() {
   kill $pid; wait $pid
   return $rc
 }
+if [[ ${1:-} == stress ]]; then
+  # Issue 25's stress test against samplerd --backend=cuda on 4 lanes, every answer checked
+  # against the CPU backend (scripts/gpu_stress.sh runs it from gpu_check.sh's pack).
+  exec timeout "${3:-240}" $pack/bin/stress_test $pack/bin/samplerd --backend=cuda \
+    --server_flag=--cuda_streams=4 --threads=12 --scenarios="${2:-100}" --max_elements=2097152
+fi
 if [[ ${1:-} == check ]]; then
   status=0
   timeout 240 $pack/bin/cuda_backend_test || status=1
@@ -110,11 +119,11 @@ if [[ ${1:-} == run ]]; then
   exit $status
 fi
 bazel build -c opt //server:samplerd //client:samplerctl //cuda:cuda_backend_test \
-  //bench:gpu_bench || exit 1
+  //bench:gpu_bench //tests:stress_test || exit 1
 grep -qx "/$pack/" .git/info/exclude 2>/dev/null || echo "/$pack/" >> .git/info/exclude
 rm -rf $pack
 ../shared/tools/device-pack $pack bazel-bin/server/samplerd bazel-bin/client/samplerctl \
-  bazel-bin/cuda/cuda_backend_test bazel-bin/bench/gpu_bench || exit 1
+  bazel-bin/cuda/cuda_backend_test bazel-bin/bench/gpu_bench bazel-bin/tests/stress_test || exit 1
 venv=$(bash scripts/pyvenv.sh client/python/tests/requirements.txt)
 "$venv/bin/pip" wheel -q --disable-pip-version-check --no-deps -w $pack/wheels ./client/python
 "$venv/bin/pip" download -q --disable-pip-version-check --no-deps -d $pack/wheels \

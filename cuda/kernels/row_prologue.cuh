@@ -178,8 +178,9 @@ static __device__ void LoadChunk(const StepParams& p, const RowJob& job, int lo,
   } else if (run != nullptr) {
     for (int i = threadIdx.x; i < n; i += blockDim.x) xs[i] = admitted(i, LoadLogit(run, p.dtype, i));
   } else {
+    ShardWalker walk(p, job.logits_row, lo + threadIdx.x);
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      xs[i] = admitted(i, LoadLogitAt(p, job.logits_row, lo + i));
+      xs[i] = admitted(i, LoadLogit(walk.At(lo + i), p.dtype, 0));
     }
   }
   if (job.update_end > job.update_begin) {
