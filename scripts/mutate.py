@@ -184,6 +184,12 @@ GPU_MUTANTS = [
     ("gpu-raw-top-processed", "cuda/kernels/general.cuh",
      "out.top_logprobs[i] = sh.sel_id < 0 ? kNegInf : raw ? raw_lp(sh.sel_id) : lp_of(sh.sel_id);",
      "out.top_logprobs[i] = sh.sel_id < 0 ? kNegInf : lp_of(sh.sel_id);", 0),
+    # Issue 47: tensor-parallel logits shards read in place.
+    ("gpu-shard-walker-boundary", "cuda/sampling_kernels.cuh",
+     "while (c >= end_ && s_ + 1 < p_.num_shards) {", "while (c > end_ && s_ + 1 < p_.num_shards) {", 0),
+    ("gpu-shard-run-straddles", "cuda/sampling_kernels.cuh",
+     "if (lo >= shard.col_begin && lo + n <= shard.col_end) {",
+     "if (lo >= shard.col_begin && lo < shard.col_end) {", 0),
     # Issue 46: the StepOutput written by the device.
     ("gpu-output-ignores-planned-failure", "cuda/step_output.cu",
      "bool failed = d.failed != 0;", "bool failed = false;", 0),
