@@ -385,9 +385,7 @@ def main():
     if args.mps:
         start_mps()
     torch.backends.cuda.matmul.allow_tf32 = True
-    # --graph measures what the device's own StepOutput write buys, so samplerd runs with it.
-    proc, target = start_samplerd(args.samplerd,
-                                  ["--cuda_experimental_kernels"] if args.graph else [])
+    proc, target = start_samplerd(args.samplerd, [])
     client = samplerd.SamplerClient(target)
     client.wait_ready()
     info = client.server_info()

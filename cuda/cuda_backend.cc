@@ -298,8 +298,7 @@ absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
   Impl& impl = *impl_;
   SAMPLERD_CUDA_RETURN(cudaSetDevice(impl.options.device));
   StepResult result = BeginStepResult(plan);
-  const bool experimental = impl.options.experimental_kernels;
-  if (!experimental) RefuseExperimentalParams(plan, result);
+  if (!impl.options.experimental_kernels) RefuseExperimentalParams(plan, result);
   std::vector<DraftPool::Entry> pool_entries;
   TakeDecodeDrafts(plan, impl.pool, result, &pool_entries);
   const std::vector<RowTask> tasks = RowTasks(plan, result);
@@ -307,7 +306,9 @@ absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
   cuda::StepJobs jobs = cuda::BuildStepJobs(plan, tasks, pool_entries, *impl.draft_store, result);
   // The StepOutput (issue 46) from the device where the step allows it, else from the host.
   const std::optional<cuda::DeviceOutput> device_output =
-      experimental ? cuda::PlanDeviceOutput(plan, jobs, result, kMaxJobsPerLaunch) : std::nullopt;
+      impl.options.device_step_output
+          ? cuda::PlanDeviceOutput(plan, jobs, result, kMaxJobsPerLaunch)
+          : std::nullopt;
 
   cuda::Lane* lane = impl.AcquireLane();
   struct LaneGuard {

@@ -30,14 +30,17 @@ struct CudaBackendOptions {
   // largest step it has run.
   int streams = 4;
   // Kernels not yet fit to serve by default: issue 50's top-nσ, XTC and raw logprobs (exact
-  // against the CPU backend on PREFILL on an H100, but run by the general path's whole-row
-  // radix selections: a 16-row step takes 3.7-14.5 ms instead of 26 us, so one request asking
-  // for them would stall every request of its step), and the StepOutput written by the device
-  // (issue 46; its GPU test has not run yet). Off (the default): requests asking for issue
-  // 50's parameters fail alone with FAILED_PRECONDITION naming the parameter, and the
-  // StepOutput is written from the host (validated). cuda_backend_test and gpu_bench turn it
-  // on to check and measure them; `samplerd --cuda_experimental_kernels` serves them.
+  // against the CPU backend on an H100, but run by the general path's whole-row radix
+  // selections: a 16-row step takes 3.7-14.5 ms instead of 26 us, so one request asking for
+  // them would stall every request of its step). Off (the default): requests asking for them
+  // fail alone with FAILED_PRECONDITION naming the parameter. cuda_backend_test and gpu_bench
+  // turn it on to check and measure them; `samplerd --cuda_experimental_kernels` serves them.
   bool experimental_kernels = false;
+  // The StepOutput (issue 46) of a DECODE or PREFILL step of one launch written by the device
+  // (WriteStepOutputKernel, then the done word), so the worker's wait does not depend on this
+  // process's host; off: written from the host after the results come back (DRAFT steps and
+  // steps of several launches always are). Both are checked against the assembled results.
+  bool device_step_output = true;
 };
 
 // Makes a CUDA context on `device` in this process, as a new worker's would be made (under

@@ -1378,6 +1378,23 @@ TEST(CudaBackend, StepOutputFromTheDeviceIsTheAssembledResult) {
   EXPECT_FALSE(prefilled.results[0].status.ok());
   ASSERT_TRUE(prefilled.results[1].status.ok()) << prefilled.results[1].status;
   expect_area(prefilled, area.Read(), 2, 6);
+
+  // The host's write of the same steps (device_step_output off) lands the same words.
+  CudaBackendOptions host_options;
+  host_options.device_step_output = false;
+  auto host_writer = CudaBackend::Create(host_options);
+  ASSERT_TRUE(host_writer.ok()) << host_writer.status();
+  Area decode_host(decode.words), area_host(area.words);
+  step.output.token_ids = decode_host.data;
+  step.output.num_accepted = decode_host.data + requests * stride;
+  step.output.done_word = decode_host.data + requests * (stride + 1);
+  EXPECT_TRUE(BitwiseSame(RunStep(**host_writer, step), result));
+  EXPECT_EQ(decode_host.Read(), decode.Read());
+  prefill.output.token_ids = area_host.data;
+  prefill.output.num_accepted = area_host.data + 2 * stride;
+  prefill.output.done_word = area_host.data + 2 * (stride + 1);
+  EXPECT_TRUE(BitwiseSame(RunStep(**host_writer, prefill), prefilled));
+  EXPECT_EQ(area_host.Read(), area.Read());
 }
 
 // A copy of host bytes in device memory, freed with the test.

@@ -21,7 +21,7 @@
 #   bash scripts/gpu_mps.sh check
 # runs all of cuda_backend_test, compute-sanitizer (memcheck, racecheck) over the StepOutput and
 # device-draft tests, and the C++ StepOutput checks with the device's write
-# (--cuda_experimental_kernels), without MPS.
+# (and with the host's: --cuda_device_step_output=false), without MPS.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 pack=.device-pack-mps
@@ -66,7 +66,7 @@ if [[ ${1:-} == graphbench ]]; then
 fi
 # The C++ side of StepOutput: the backend's writes, then samplerctl bench --device_tokens (a
 # stream waits on the done word; every step's device tokens checked against its response).
-# `cpp_outputs --cuda_experimental_kernels` has samplerd write the tokens from the device.
+# `cpp_outputs --cuda_device_step_output=false` has samplerd write the tokens from the host.
 cpp_outputs() {
   $pack/bin/cuda_backend_test --gtest_filter='*StepOutput*' || return 1
   local dir
@@ -96,7 +96,8 @@ if [[ ${1:-} == check ]]; then
       --gtest_filter='*StepOutput*:*DeviceDrafts*:*DeviceShards*' > /tmp/sanitizer.txt 2>&1 || status=1
     tail -n 4 /tmp/sanitizer.txt
   done
-  cpp_outputs --cuda_experimental_kernels || status=1
+  cpp_outputs || status=1
+  cpp_outputs --cuda_device_step_output=false || status=1
   exit $status
 fi
 if [[ ${1:-} == run ]]; then

@@ -87,9 +87,11 @@ ABSL_FLAG(int, cuda_streams, 4,
           "buffers (one step's host work and copies overlap another's kernels)");
 ABSL_FLAG(bool, cuda_experimental_kernels, false,
           "CUDA backend: serve top-n-sigma, XTC and raw logprobs (exact but slow kernels: a "
-          "request asking for them stalls its whole step) and write StepOutput from the device "
-          "(not yet run on a GPU); off: those parameters fail per request, StepOutput is written "
-          "from the host");
+          "request asking for them stalls its whole step); off: those parameters fail per "
+          "request");
+ABSL_FLAG(bool, cuda_device_step_output, true,
+          "CUDA backend: a step's StepOutput (tokens into the worker's memory) is written by the "
+          "device right after the kernels; false: from the host once the results are back");
 ABSL_FLAG(int64_t, max_message_bytes, 256LL << 20,
           "largest gRPC message accepted; 256 MiB fits inline fp32 logits of 384 x 129,280");
 ABSL_FLAG(int, max_rows, 1 << 20, "most logits rows in one step");
@@ -251,6 +253,7 @@ int Serve() {
       cuda_options.draft_pool = pool_options;
       cuda_options.streams = absl::GetFlag(FLAGS_cuda_streams);
       cuda_options.experimental_kernels = absl::GetFlag(FLAGS_cuda_experimental_kernels);
+      cuda_options.device_step_output = absl::GetFlag(FLAGS_cuda_device_step_output);
       auto cuda = CudaBackend::Create(cuda_options);
       if (cuda.ok()) {
         backend = std::move(*cuda);
