@@ -18,6 +18,7 @@
 
 #include "cuda/cuda_status.h"
 #include "cuda/launch_probe.h"
+#include "cuda/sampling_launch.h"
 #include "sampler/validate.h"
 #include "sampler/backend_compare.h"
 #include "sampler/cpu_backend.h"
@@ -1408,6 +1409,53 @@ struct DeviceBytes {
   DeviceBytes& operator=(const DeviceBytes&) = delete;
   void* data = nullptr;
 };
+
+// The device's StepOutput write on its own launch, rule by rule, including a case the
+// backend's DECODE and PREFILL steps do not produce today (a request that failed before the
+// launch yet has jobs: its flag, not its rows' results, must decide).
+TEST(CudaBackend, StepOutputKernelAppliesTheAssemblyRules) {
+  std::vector<cuda::RowResult> results(6);
+  for (size_t k = 0; k < results.size(); ++k) {
+    std::memset(&results[k], 0, sizeof(cuda::RowResult));
+    results[k].token = 11 + static_cast<int32_t>(k);
+    results[k].accepted = 1;
+  }
+  results[1].accepted = 0;  // request 0's second row rejects its draft
+  results[3].status = 1;    // request 2's row failed on the device
+  results[5].status = 1;    // request 4's prompt row failed
+  std::vector<cuda::OutputRequest> requests(5);
+  requests[0] = {0, 3, 0, 0, 0};  // rows 0-2: 11 accepted, 12 replaces the second draft
+  requests[1] = {2, 1, 0, 0, 1};  // failed before the launch, with a row
+  requests[2] = {3, 1, 0, 0, 0};  // its row failed
+  requests[3] = {4, 1, 0, 0, 0};  // one row: 15
+  requests[4] = {2, 1, 5, 1, 0};  // its prompt row failed
+  const int per = 3, n = static_cast<int>(requests.size());
+  DeviceBytes results_d(results.data(), results.size() * sizeof(cuda::RowResult));
+  DeviceBytes requests_d(requests.data(), requests.size() * sizeof(cuda::OutputRequest));
+  std::vector<int32_t> area(n * (per + 1) + 1, 0x7f7f7f7f);
+  DeviceBytes area_d(area.data(), area.size() * sizeof(int32_t));
+  cuda::OutputParams params;
+  params.results = static_cast<const cuda::RowResult*>(results_d.data);
+  params.requests = static_cast<const cuda::OutputRequest*>(requests_d.data);
+  params.num_requests = n;
+  params.decode = 1;
+  params.token_ids = static_cast<int32_t*>(area_d.data);
+  params.tokens_per_request = per;
+  params.num_accepted = params.token_ids + n * per;
+  params.done_word = reinterpret_cast<unsigned int*>(params.num_accepted + n);
+  params.done_value = 9;
+  ASSERT_EQ(cuda::LaunchWriteStepOutput(params, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(area.data(), area_d.data, area.size() * sizeof(int32_t),
+                       cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  const std::vector<int32_t> tokens(area.begin(), area.begin() + n * per);
+  EXPECT_EQ(tokens, (std::vector<int32_t>{11, 12, -1, -1, -1, -1, -1, -1, -1, 15, -1, -1,
+                                          -1, -1, -1}));
+  const std::vector<int32_t> accepted(area.begin() + n * per, area.begin() + n * (per + 1));
+  EXPECT_EQ(accepted, (std::vector<int32_t>{1, 0, 0, 0, 0}));
+  EXPECT_EQ(area.back(), 9);
+}
+
 
 // Issue 47: a worker's draft tensors in device memory (dense rows in float32 and bfloat16 with
 // a row stride, top-N rows) are read in place and answer bitwise as the same tensors sent from
