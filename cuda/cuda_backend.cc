@@ -171,6 +171,13 @@ absl::Status CudaBackend::Impl::RunOnLane(cuda::Lane& lane, const Step& step,
                                           std::vector<cuda::RowResult>& results,
                                           float* kernel_us) {
   if (lane.broken) RETURN_IF_ERROR(lane.Recover());
+  // A producer's event (CUDA IPC, opaque in the core's views): our stream waits for it, the
+  // host does not.
+  auto wait_for = [&lane](const void* event) {
+    return CudaStatus(
+        cudaStreamWaitEvent(lane.stream, static_cast<cudaEvent_t>(const_cast<void*>(event)), 0),
+        "cudaStreamWaitEvent");
+  };
   // Logits: host views are copied to the device once per step (at full PCIe speed when the
   // host memory is pinned: a registered shm region).
   LogitsView device_logits = step.logits;
@@ -182,15 +189,11 @@ absl::Status CudaBackend::Impl::RunOnLane(cuda::Lane& lane, const Step& step,
     device_logits.data = lane.logits.as<void>();
     device_logits.on_device = true;
   } else if (step.logits.on_device && step.logits.ready_event != nullptr) {
-    // The producer's event (CUDA IPC): our stream waits for it, the host does not.
-    SAMPLERD_CUDA_RETURN(cudaStreamWaitEvent(
-        lane.stream, static_cast<cudaEvent_t>(const_cast<void*>(step.logits.ready_event)), 0));
+    RETURN_IF_ERROR(wait_for(step.logits.ready_event));
   }
   // Tensor-parallel shards in device memory: each rank's producer has its own event.
   for (const LogitsShard& shard : step.logits.shards) {
-    if (shard.ready_event == nullptr) continue;
-    SAMPLERD_CUDA_RETURN(cudaStreamWaitEvent(
-        lane.stream, static_cast<cudaEvent_t>(const_cast<void*>(shard.ready_event)), 0));
+    if (shard.ready_event != nullptr) RETURN_IF_ERROR(wait_for(shard.ready_event));
   }
   // A worker's draft tensors in device memory (issue 47): our stream waits for each one's
   // producer too (one event may serve several requests; a second wait on it costs nothing).
@@ -200,8 +203,7 @@ absl::Status CudaBackend::Impl::RunOnLane(cuda::Lane& lane, const Step& step,
         drafts.values.ready_event == nullptr || drafts.values.ready_event == step.logits.ready_event) {
       continue;
     }
-    SAMPLERD_CUDA_RETURN(cudaStreamWaitEvent(
-        lane.stream, static_cast<cudaEvent_t>(const_cast<void*>(drafts.values.ready_event)), 0));
+    RETURN_IF_ERROR(wait_for(drafts.values.ready_event));
   }
   cuda::LaunchOptions launch;
   std::shared_ptr<cuda::LaunchProbe> held_probe;

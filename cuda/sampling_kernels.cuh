@@ -76,8 +76,8 @@ __device__ __forceinline__ const char* RowRun(const StepParams& p, int32_t logit
   return nullptr;
 }
 
-// The columns of one row a thread reads in rising order, across tensor-parallel shards: a chunk
-// that straddles shards (RowRun null). Each column's shard is found by walking the table on
+// The columns of one row a thread reads in rising order, across tensor-parallel shards
+// (num_shards > 0): a chunk that straddles shards (RowRun null). Each column's shard is found by walking the table on
 // from the last one, so a thread's pass costs one comparison a column and one step a boundary
 // (a lookup from the start for every column made the straddling chunk the step's slowest).
 class ShardWalker {
@@ -118,12 +118,7 @@ class ShardWalker {
 // scans (one column at a time, in no order a walker could use).
 __device__ __forceinline__ float LoadLogitAt(const StepParams& p, int32_t logits_row, int32_t c) {
   if (p.num_shards == 0) return LoadLogit(RowRun(p, logits_row, 0, 0), p.dtype, c);
-  int s = 0;
-  while (s + 1 < p.num_shards && c >= p.shards[s + 1].col_begin) ++s;
-  const DeviceShard& shard = p.shards[s];
-  const int elem = p.dtype == DType::kFloat32 ? 4 : 2;
-  return LoadLogit(shard.data + (static_cast<int64_t>(logits_row) * shard.row_stride) * elem, p.dtype,
-                   c - shard.col_begin);
+  return LoadLogit(ShardWalker(p, logits_row, c).At(c), p.dtype, 0);
 }
 
 // The draft logprob of token c (>= 0) of a verify job's q row (RowJob::q_values): a dense
