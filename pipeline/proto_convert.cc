@@ -123,7 +123,7 @@ absl::StatusOr<LogitsView> SingleTensorView(const v1::Tensor& tensor, const std:
 }
 
 // The server's row and column limits on a tensor as the request declares it (the shards'
-// columns added up), checked before any source is resolved or a byte reserved, allocated or
+// columns added up, which a nonzero declared `cols` must equal: INVALID_ARGUMENT), checked before any source is resolved or a byte reserved, allocated or
 // copied: a 272-byte request of 16 shards of [1, 2^24] once cost 1 GiB and 4 s before
 // planning refused its columns (issue 25). RESOURCE_EXHAUSTED naming the field, as PlanStep
 // words it.
@@ -144,6 +144,10 @@ absl::Status CheckDeclaredShape(const v1::Tensor& tensor, const std::string& fie
     return absl::ResourceExhaustedError(absl::StrCat(
         field, ".cols: ", cols, tensor.shards_size() > 0 ? " (the shards' columns added up)" : "",
         " exceeds the server limit of ", limits.max_vocab_size));
+  }
+  if (tensor.shards_size() > 0 && tensor.cols() != 0 && tensor.cols() != cols) {
+    return FieldError(field + ".cols", absl::StrCat(tensor.cols(), " is not the shards' columns added up (",
+                                                    cols, "); 0 takes their sum"));
   }
   return absl::OkStatus();
 }
@@ -196,14 +200,6 @@ absl::StatusOr<LogitsView> TensorView(const v1::Tensor& tensor, const std::strin
   if (tensor.shards_size() == 0) return SingleTensorView(tensor, field, holder, ctx);
   if (tensor.source_case() != v1::Tensor::SOURCE_NOT_SET) {
     return FieldError(field, "set either shards or a source, not both");
-  }
-  if (tensor.cols() != 0) {
-    int64_t declared = 0;  // checked against the limit above: no overflow
-    for (const v1::Tensor& shard : tensor.shards()) declared += shard.cols();
-    if (declared != tensor.cols()) {
-      return FieldError(field + ".cols", absl::StrCat(tensor.cols(), " is not the shards' columns added up (",
-                                                      declared, "); 0 takes their sum"));
-    }
   }
   std::vector<LogitsView> shards;
   int64_t cols = 0;
