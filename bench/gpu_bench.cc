@@ -100,6 +100,14 @@ void AddBenchPrefillRequests(Step& step, int rows, bool adjust) {
   }
 }
 
+// `logits` as `dtype`'s bytes: its own floats for fp32, else bf16 values converted into *half.
+const void* HostBytes(const HostLogits& logits, DType dtype, std::vector<uint16_t>* half) {
+  if (dtype == DType::kFloat32) return logits.values.data();
+  half->resize(logits.values.size());
+  for (size_t i = 0; i < half->size(); ++i) (*half)[i] = FloatToBFloat16(logits.values[i]);
+  return half->data();
+}
+
 // A device copy of `bytes` host bytes (the caller frees it with cudaFree).
 void* DeviceCopy(const void* host, size_t bytes) {
   void* device;
@@ -253,12 +261,7 @@ int Main(int argc, char** argv) {
     HostLogits logits(c.rows, kVocab, 11, 2.0f);
     const int elem = c.dtype == DType::kFloat32 ? 4 : 2;
     std::vector<uint16_t> half;
-    const void* host = logits.values.data();
-    if (c.dtype == DType::kBFloat16) {
-      half.resize(logits.values.size());
-      for (size_t i = 0; i < half.size(); ++i) half[i] = FloatToBFloat16(logits.values[i]);
-      host = half.data();
-    }
+    const void* host = HostBytes(logits, c.dtype, &half);
     const size_t bytes = static_cast<size_t>(c.rows) * kVocab * elem;
     void* device = DeviceCopy(host, bytes);
     Step step = DeviceStep(c.kind, logits, device);
@@ -442,16 +445,9 @@ int Main(int argc, char** argv) {
       for (const int rows : {1, 16, 384, 2048}) {
         HostLogits logits(rows, kVocab, 19, 2.0f);
         const size_t elem = DTypeSize(dtype);
-        std::vector<char> bytes(logits.values.size() * elem);
-        for (size_t i = 0; i < logits.values.size(); ++i) {
-          if (dtype == DType::kFloat32) {
-            std::memcpy(&bytes[i * 4], &logits.values[i], 4);
-          } else {
-            const uint16_t h = FloatToBFloat16(logits.values[i]);
-            std::memcpy(&bytes[i * 2], &h, 2);
-          }
-        }
-        void* device = DeviceCopy(bytes.data(), bytes.size());
+        std::vector<uint16_t> half;
+        const char* bytes = static_cast<const char*>(HostBytes(logits, dtype, &half));
+        void* device = DeviceCopy(bytes, logits.values.size() * elem);
         Step whole = DeviceStep(StepKind::kPrefill, logits, device);
         whole.logits.dtype = dtype;
         AddBenchPrefillRequests(whole, rows, /*adjust=*/false);

@@ -1280,6 +1280,14 @@ TEST(CudaBackend, StepOutputFromTheDeviceIsTheAssembledResult) {
     size_t words;
     int32_t* data = nullptr;
   };
+  // `s`'s StepOutput in `a`: n requests' tokens, then their accept counts, then the done word.
+  auto aim = [&](Step& s, const Area& a, int n, uint32_t done) {
+    s.output.token_ids = a.data;
+    s.output.tokens_per_request = stride;
+    s.output.num_accepted = a.data + n * stride;
+    s.output.done_word = a.data + n * (stride + 1);
+    s.output.done_value = done;
+  };
   auto expect_area = [&](const StepResult& result, const std::vector<int32_t>& got, size_t n,
                          uint32_t done) {
     for (size_t i = 0; i < n; ++i) {
@@ -1341,11 +1349,7 @@ TEST(CudaBackend, StepOutputFromTheDeviceIsTheAssembledResult) {
     step.requests.push_back(r);
   }
   Area decode(requests * (stride + 1) + 1);
-  step.output.token_ids = decode.data;
-  step.output.tokens_per_request = stride;
-  step.output.num_accepted = decode.data + requests * stride;
-  step.output.done_word = decode.data + requests * (stride + 1);
-  step.output.done_value = 5;
+  aim(step, decode, requests, 5);
   const StepResult result = RunStep(*gpu, step);
   ASSERT_TRUE(result.results[0].status.ok()) << result.results[0].status;
   EXPECT_EQ(result.results[0].num_accepted, 2);
@@ -1370,11 +1374,7 @@ TEST(CudaBackend, StepOutputFromTheDeviceIsTheAssembledResult) {
     prefill.requests.push_back(r);
   }
   Area area(2 * (stride + 1) + 1);
-  prefill.output.token_ids = area.data;
-  prefill.output.tokens_per_request = stride;
-  prefill.output.num_accepted = area.data + 2 * stride;
-  prefill.output.done_word = area.data + 2 * (stride + 1);
-  prefill.output.done_value = 6;
+  aim(prefill, area, 2, 6);
   const StepResult prefilled = RunStep(*gpu, prefill);
   EXPECT_FALSE(prefilled.results[0].status.ok());
   ASSERT_TRUE(prefilled.results[1].status.ok()) << prefilled.results[1].status;
@@ -1386,14 +1386,10 @@ TEST(CudaBackend, StepOutputFromTheDeviceIsTheAssembledResult) {
   auto host_writer = CudaBackend::Create(host_options);
   ASSERT_TRUE(host_writer.ok()) << host_writer.status();
   Area decode_host(decode.words), area_host(area.words);
-  step.output.token_ids = decode_host.data;
-  step.output.num_accepted = decode_host.data + requests * stride;
-  step.output.done_word = decode_host.data + requests * (stride + 1);
+  aim(step, decode_host, requests, 5);
   EXPECT_TRUE(BitwiseSame(RunStep(**host_writer, step), result));
   EXPECT_EQ(decode_host.Read(), decode.Read());
-  prefill.output.token_ids = area_host.data;
-  prefill.output.num_accepted = area_host.data + 2 * stride;
-  prefill.output.done_word = area_host.data + 2 * (stride + 1);
+  aim(prefill, area_host, 2, 6);
   EXPECT_TRUE(BitwiseSame(RunStep(**host_writer, prefill), prefilled));
   EXPECT_EQ(area_host.Read(), area.Read());
 }

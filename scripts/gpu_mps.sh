@@ -83,10 +83,8 @@ cpp_outputs() {
   return $rc
 }
 if [[ ${1:-} == stress ]]; then
-  # Issue 25's stress test against samplerd --backend=cuda on 4 lanes, every answer checked
-  # against the CPU backend (scripts/gpu_stress.sh runs it from gpu_check.sh's pack).
-  exec timeout "${3:-240}" $pack/bin/stress_test $pack/bin/samplerd --backend=cuda \
-    --server_flag=--cuda_streams=4 --threads=12 --scenarios="${2:-100}" --max_elements=2097152
+  # Issue 25's stress test against samplerd --backend=cuda, from this pack.
+  PACK=$pack exec timeout "${3:-240}" bash scripts/gpu_stress.sh plain "${2:-100}"
 fi
 if [[ ${1:-} == check ]]; then
   status=0

@@ -8,19 +8,21 @@
 #   bash scripts/gpu_stress.sh plain [SCENARIOS] [THREADS] [MAX_ELEMENTS]
 #   bash scripts/gpu_stress.sh "memcheck racecheck synccheck initcheck" [SCENARIOS] [THREADS]
 #        [MAX_ELEMENTS] [SECONDS_PER_TOOL]
-# Exits non-zero on a failed comparison or any sanitizer finding.
+# Exits non-zero on a failed comparison or any sanitizer finding. PACK names another pack with
+# samplerd and stress_test in bin/ (scripts/gpu_mps.sh stress: .device-pack-mps).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source .device-pack/env.sh
+pack=${PACK:-.device-pack}
+source $pack/env.sh
 mode=${1:-plain}
 scenarios=${2:-100}
 threads=${3:-12}
 max_elements=${4:-2097152}
 limit=${5:-150}
-args=(.device-pack/bin/samplerd --backend=cuda --server_flag=--cuda_streams=4
+args=($pack/bin/samplerd --backend=cuda --server_flag=--cuda_streams=4
       --threads="$threads" --scenarios="$scenarios" --max_elements="$max_elements")
 if [[ $mode == plain ]]; then
-  exec .device-pack/bin/stress_test "${args[@]}"
+  exec $pack/bin/stress_test "${args[@]}"
 fi
 cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 status=0
@@ -30,7 +32,7 @@ for tool in $mode; do
   [[ $tool == memcheck ]] && extra=(--leak-check=full)
   start=$(date +%s)
   timeout "$limit" "$cs" --tool "$tool" --target-processes all --error-exitcode 99 \
-    --log-file "$logs/%p.log" "${extra[@]}" .device-pack/bin/stress_test "${args[@]}" \
+    --log-file "$logs/%p.log" "${extra[@]}" $pack/bin/stress_test "${args[@]}" \
     > "$logs/test.out" 2>&1
   rc=$?
   grep -hE '^stress|^samplerd pid' "$logs/test.out"
