@@ -10,7 +10,8 @@ only in what comes after the logits:
   - torch: temperature 0.7, top-k 50 (topk), top-p 0.95 (softmax + cumsum), multinomial, top-5
     logprobs (log_softmax + topk): vLLM's path for seeded or logprob requests; tokens and
     logprobs to the host;
-  - samplerd (transport `channel`: the co-located step channel; `grpc`: SampleStream): the
+  - samplerd (transport `channel`: the co-located step channel, `channel:S` the same with a
+    fixed poll of S seconds before it sleeps on the futex; `grpc`: SampleStream): the
     logits tensor is a registered CUDA IPC region; one step built from arrays (build_batch,
     same parameters, a seed a sequence) with a ReadyEvent, answered as arrays; samplerd writes
     the tokens into the worker's TokenOutput, which the next forward reads after a device-side
@@ -274,7 +275,12 @@ class WithSamplerd(Mode):
         self.sent = False
 
     def open(self):
-        self.steps = self.client.channel() if self.transport == "channel" else self.client.stream()
+        if self.transport.startswith("channel"):
+            # "channel:S" polls a fixed S seconds before the futex (the default adapts).
+            spin = float(self.transport.split(":")[1]) if ":" in self.transport else None
+            self.steps = self.client.channel(spin_seconds=spin)
+        else:
+            self.steps = self.client.stream()
 
     def close(self):
         if self.sent:
@@ -376,7 +382,8 @@ def main():
     ap.add_argument("--samplerctl")
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--transports", default="channel,grpc")
+    ap.add_argument("--transports", default="channel,grpc",
+                    help="channel, channel:SECONDS (a fixed poll before the futex), grpc")
     ap.add_argument("--loops", default="sync,async")
     ap.add_argument("--mps", action="store_true")
     ap.add_argument("--graph", action="store_true",

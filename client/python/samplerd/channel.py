@@ -44,16 +44,21 @@ class _Timespec(ctypes.Structure):
 
 
 _POLL = _Timespec(0, 100_000_000)  # each futex wait: 100 ms, then the state is looked at
+# The adaptive spin (spin_seconds=None): twice the last step's wait, within these bounds.
+_SPIN_MIN, _SPIN_MAX = 500e-6, 5e-3
 
 
 class StepChannel:
     """A step channel of `capacity_bytes` a direction (a request or a response larger than it
-    fails: raise it for many rows with large top-logprob lists). A step's wait polls for
-    `spin_seconds` before it sleeps on the futex: the wake-up (tens of microseconds on a busy
-    host) stays off the step's latency, for a worker that has nothing else to do meanwhile
-    (the poll holds the GIL)."""
+    fails: raise it for many rows with large top-logprob lists). A step's wait polls before it
+    sleeps on the futex, so that the wake-up (50-150 us on a host whose cores idle) stays off
+    the step's latency; the poll holds the GIL between Python's switch intervals.
+    `spin_seconds=None` (the default) polls for twice the last step's wait, within 0.5-5 ms:
+    a synchronous loop, whose answer comes a forward and a step after the send (1-3 ms), is
+    polled for, as PyTorch's own `.cpu()` spins on the GPU; an asynchronous loop, whose answer
+    is usually there when it asks, polls 0.5 ms. A number fixes the poll."""
 
-    def __init__(self, client, capacity_bytes: int = 4 << 20, spin_seconds: float = 500e-6):
+    def __init__(self, client, capacity_bytes: int = 4 << 20, spin_seconds=None):
         self._prepare(client, capacity_bytes, spin_seconds)
         try:
             reply = client._call("OpenStepChannel", self._open_request())
@@ -70,6 +75,7 @@ class StepChannel:
         self._client = client
         self._capacity = capacity_bytes
         self._spin = spin_seconds
+        self._last_wait = 0.0
         self._region = ShmRegion(_HEADER + 2 * capacity_bytes)
         self._map = self._region._map
         self._words = (ctypes.c_uint32 * 16).from_buffer(self._map)
@@ -132,9 +138,23 @@ class StepChannel:
 
     def _wait(self):
         words, seq = self._words, self._seq
-        end = time.perf_counter() + self._spin
+        start = time.perf_counter()
+        end = start + self.spin_budget()
         while words[_RESPONSE_SEQ] != seq and time.perf_counter() < end:
             pass
+        try:
+            self._sleep_until(seq)
+        finally:
+            self._last_wait = time.perf_counter() - start
+
+    def spin_budget(self) -> float:
+        """How long the next step's wait polls before it sleeps, in seconds."""
+        if self._spin is not None:
+            return self._spin
+        return min(_SPIN_MAX, max(_SPIN_MIN, 2 * self._last_wait))
+
+    def _sleep_until(self, seq):
+        words = self._words
         check_at = time.monotonic() + 1.0
         while True:
             current = words[_RESPONSE_SEQ]
@@ -191,7 +211,7 @@ class AsyncStepChannel:
         self._channel = channel
 
     @classmethod
-    async def open(cls, client, capacity_bytes: int = 4 << 20, spin_seconds: float = 500e-6):
+    async def open(cls, client, capacity_bytes: int = 4 << 20, spin_seconds=None):
         channel = StepChannel.__new__(StepChannel)
         channel._prepare(client, capacity_bytes, spin_seconds)
         try:

@@ -429,7 +429,7 @@ class SamplerClient(_Base):
         """A SampleStream step loop (cheaper per step than unary calls)."""
         return StepStream(self)
 
-    def channel(self, capacity_bytes: int = 4 << 20, spin_seconds: float = 500e-6) -> StepChannel:
+    def channel(self, capacity_bytes: int = 4 << 20, spin_seconds=None) -> StepChannel:
         """A co-located step channel (samplerd.channel): the same steps and answers as a
         stream's, through shared memory, for a worker on samplerd's host."""
         return StepChannel(self, capacity_bytes, spin_seconds)
@@ -694,7 +694,7 @@ class AsyncSamplerClient(_Base):
         return AsyncStepStream(self)
 
     async def channel(self, capacity_bytes: int = 4 << 20,
-                      spin_seconds: float = 500e-6) -> AsyncStepChannel:
+                      spin_seconds=None) -> AsyncStepChannel:
         """As SamplerClient.channel, for asyncio (its wait runs in the default executor)."""
         return await AsyncStepChannel.open(self, capacity_bytes, spin_seconds)
 

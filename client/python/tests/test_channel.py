@@ -110,6 +110,27 @@ def test_a_step_level_fault_fails_only_its_step(lease_server):
             region.close()
 
 
+def test_the_channel_polls_as_long_as_its_last_wait(lease_server):
+    """The default poll follows the last step's wait (twice it, 0.5-5 ms), so a synchronous
+    loop whose answer comes milliseconds after the send polls for it instead of paying the
+    futex wake-up; a fixed spin_seconds stays fixed."""
+    from samplerd.channel import _SPIN_MAX, _SPIN_MIN
+    big = np.random.default_rng(5).normal(0, 2, (64, 32000)).astype(np.float32)
+    requests = [Prefill(f"r{i}", row=i, params=SamplingParams(seed=i, top_logprobs=20))
+                for i in range(64)]
+    with samplerd.SamplerClient(lease_server.target, client_id="chan-f") as client:
+        with client.channel(capacity_bytes=16 << 20) as channel, \
+                client.channel(capacity_bytes=16 << 20, spin_seconds=1e-4) as fixed:
+            assert channel.spin_budget() == _SPIN_MIN
+            started = time.perf_counter()
+            channel.step(big, requests)  # 8 MB inline, 64 rows: several ms on the CPU
+            took = time.perf_counter() - started
+            assert took > _SPIN_MAX / 2, took  # the premise: a wait longer than 2.5 ms
+            assert channel.spin_budget() == _SPIN_MAX
+            fixed.step(big, requests)
+            assert fixed.spin_budget() == 1e-4
+
+
 WORKER = textwrap.dedent("""
     import sys, time
     import numpy as np
