@@ -376,16 +376,22 @@ int Main(int argc, char** argv) {
           {"top-nσ n=1", [](SamplingParams& p) { p.top_n_sigma = 1.0f; }},
           {"XTC p=1 t=0.1", [](SamplingParams& p) { p.xtc_probability = 1.0f; }},
           {"RAW logprobs", [](SamplingParams& p) { p.logprobs_mode = 1; }},
+          // Top-nσ takes the fused path (a cluster per row): what that path alone costs.
+          {"fused path", nullptr},
       };
       for (const auto& [name, apply] : variants) {
         Step with = plain;
-        for (RequestInputs& r : with.requests) apply(r.params);
+        for (RequestInputs& r : with.requests) {
+          if (apply) apply(r.params);
+        }
         std::vector<double> pk, wk, pw, ww;
         for (int round = 0; round < 5; ++round) {
           double w;
           pk.push_back(MedianSample(**gpu, plain, 50, nullptr, &w));
           pw.push_back(w);
+          if (!apply) (*gpu)->set_split_path(false);
           wk.push_back(MedianSample(**gpu, with, 50, nullptr, &w));
+          (*gpu)->set_split_path(true);
           ww.push_back(w);
         }
         std::printf("  R=%-4d %-14s kernels %8.1f vs %8.1f us (%+7.1f%%)   wall %8.1f vs %8.1f us\n",

@@ -277,15 +277,11 @@ void CudaBackend::set_split_path(bool on) {
 
 namespace {
 
-// Issue 50's parameters, while their kernels are experimental (CudaBackendOptions): a request
-// that asks for one fails alone with FAILED_PRECONDITION naming it.
+// RAW logprobs, while their kernel is experimental (CudaBackendOptions): a request that asks
+// for them fails alone with FAILED_PRECONDITION naming the field.
 void RefuseExperimentalParams(const StepPlan& plan, StepResult& result) {
   for (size_t i = 0; i < plan.requests.size(); ++i) {
-    const NormalizedParams& p = plan.requests[i].params;
-    const char* field = p.top_n_sigma > 0.0f        ? "top_n_sigma"
-                        : p.xtc_probability > 0.0f  ? "xtc_probability"
-                        : p.raw_logprobs            ? "logprobs_mode"
-                                                    : nullptr;
+    const char* field = plan.requests[i].params.raw_logprobs ? "logprobs_mode" : nullptr;
     if (field == nullptr || !result.results[i].status.ok()) continue;
     result.results[i].status = absl::FailedPreconditionError(absl::StrCat(
         RequestField(i), ".params.", field,

@@ -185,9 +185,11 @@ TEST(CudaBackend, PrefillMatchesCpuOverEveryFeature) {
 }
 
 // Issue 50: top-nσ, XTC and RAW logprobs, alone and mixed with the other parameters, force
-// top-N and grammar masks, on the fused path's general fallback and on the three-kernel path
-// (V = 400,000); prompt logprobs in RAW mode; DECODE rows verifying against XTC's
-// distribution. Both backends agree (tokens, or SPEC 8's band; logprobs to 1e-5).
+// top-N and grammar masks: top-nσ on the fused path (and its general fallback after the cut),
+// XTC on the fused and split paths, RAW logprobs and force top-N on the general algorithm, all
+// of them on the three-kernel path (V = 400,000); prompt logprobs in RAW mode; DECODE rows
+// verifying against XTC's distribution. Both backends agree (tokens, or SPEC 8's band;
+// logprobs to 1e-5).
 std::vector<SamplingParams> Issue50ParamSets() {
   std::vector<SamplingParams> sets;
   SamplingParams p;
@@ -200,6 +202,14 @@ std::vector<SamplingParams> Issue50ParamSets() {
   p.repetition_penalty = 1.2f; sets.push_back(p);
   p = {}; p.top_n_sigma = 1.5f; p.xtc_probability = 1.0f; p.xtc_threshold = 0.08f;
   p.logprobs_mode = 1; p.min_p = 0.02f; p.temperature = 0.6f; p.top_logprobs = 4; sets.push_back(p);
+  // A wide top-nσ (about half the row kept): the fused path's candidates overflow after the
+  // cut, and its general fallback must cut the reloaded row itself.
+  p = {}; p.top_n_sigma = 4.0f; p.top_p = 0.95f; p.top_logprobs = 3; sets.push_back(p);
+  // XTC under top-p and min-p on the split path (top-k 40), and top-nσ with a penalty.
+  p = {}; p.xtc_probability = 1.0f; p.xtc_threshold = 0.02f; p.top_k = 40; p.top_p = 0.95f;
+  p.min_p = 0.01f; p.top_logprobs = 6; sets.push_back(p);
+  p = {}; p.top_n_sigma = 0.7f; p.presence_penalty = 0.5f; p.repetition_penalty = 1.3f;
+  p.top_logprobs = 2; sets.push_back(p);
   return sets;
 }
 
@@ -250,7 +260,7 @@ TEST(CudaBackend, TopNSigmaXtcAndRawLogprobsMatchCpu) {
     CompareWithCpu(RunStep(*cpu, step), RunStep(*gpu, step), tally, "raw prompt logprobs", step);
   }
   // DECODE: drafts near the target, so that some are accepted under XTC's distribution.
-  for (int set = 2; set < 6; ++set) {
+  for (int set : {2, 3, 4, 5, 7}) {
     const int32_t vocab = 32000, requests = 4, q = 3;
     HostLogits target(requests * q, vocab, 300 + set, 3.0f);
     HostLogits drafts(requests * (q - 1), vocab, 400 + set, 1.0f);
@@ -292,7 +302,9 @@ TEST(CudaBackend, TopNSigmaXtcAndRawLogprobsMatchCpu) {
 // Without experimental_kernels (samplerd's default), a request asking for top-nσ, XTC or raw
 // logprobs fails alone with FAILED_PRECONDITION naming its parameter, and the other requests
 // of the step answer as the experimental backend answers them.
-TEST(CudaBackend, Issue50ParamsFailAloneByDefault) {
+// Top-nσ and XTC are served by default (the fused and split paths); RAW logprobs only with
+// the experimental kernels: by default such a request fails alone, naming logprobs_mode.
+TEST(CudaBackend, RawLogprobsFailAloneByDefault) {
   auto created = CudaBackend::Create(CudaBackendOptions{});
   ASSERT_TRUE(created.ok()) << created.status();
   auto experimental = Gpu();
@@ -311,15 +323,14 @@ TEST(CudaBackend, Issue50ParamsFailAloneByDefault) {
   }
   const StepResult by_default = RunStep(**created, step);
   const StepResult served = RunStep(*experimental, step);
-  ASSERT_TRUE(by_default.results[0].status.ok()) << by_default.results[0].status;
-  EXPECT_EQ(by_default.results[0].token_ids, served.results[0].token_ids);
-  for (int i = 1; i < 4; ++i) {
-    EXPECT_EQ(by_default.results[i].status.code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_THAT(std::string(by_default.results[i].status.message()),
-                ::testing::HasSubstr(std::string("requests[") + std::to_string(i) +
-                                     "].params." + fields[i]));
-    EXPECT_TRUE(served.results[i].status.ok()) << served.results[i].status;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(by_default.results[i].status.ok()) << i << ": " << by_default.results[i].status;
+    EXPECT_EQ(by_default.results[i].token_ids, served.results[i].token_ids) << i;
   }
+  EXPECT_EQ(by_default.results[3].status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(by_default.results[3].status.message()),
+              ::testing::HasSubstr(std::string("requests[3].params.") + fields[3]));
+  EXPECT_TRUE(served.results[3].status.ok()) << served.results[3].status;
 }
 
 // Random token adjustments as an OpenAI-style server sends them (64 bias entries, 4 bad words

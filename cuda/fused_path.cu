@@ -41,6 +41,33 @@ constexpr float kGatherSlack = 1e-2f;
 // remote load per value, all in parallel: [z, count[12], mass[12]].
 constexpr int kPartialValues = 1 + 2 * kNumThresholds;
 
+// Combines a and b over the cluster's blocks in rank order, by `op` (SumOp, MaxOp): every
+// thread of every block gets the same results. Each block's value (the same in all its
+// threads) is published by its thread 0; the first barrier makes it visible, the second keeps
+// it alive until every block has read it (the next call rewrites it).
+template <typename Op>
+__device__ void ClusterCombine2(cg::cluster_group& cluster, double* a, double* b, Op op) {
+  __shared__ double mine[2];
+  __shared__ double theirs[kClusterBlocks][2];
+  if (threadIdx.x == 0) {
+    mine[0] = *a;
+    mine[1] = *b;
+  }
+  cluster.sync();
+  if (threadIdx.x < 2 * kClusterBlocks) {
+    theirs[threadIdx.x / 2][threadIdx.x % 2] =
+        cluster.map_shared_rank(mine, static_cast<int>(threadIdx.x / 2))[threadIdx.x % 2];
+  }
+  cluster.sync();
+  double ra = theirs[0][0], rb = theirs[0][1];
+  for (int r = 1; r < kClusterBlocks; ++r) {
+    ra = op(ra, theirs[r][0]);
+    rb = op(rb, theirs[r][1]);
+  }
+  *a = ra;
+  *b = rb;
+}
+
 __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kClusterThreads, 2)
     ClusterSampleKernel(StepParams p, int chunk) {
   cg::cluster_group cluster = cg::this_cluster();
@@ -101,11 +128,13 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
   }
   cluster.sync();  // every block has read `part` before it is rewritten below
   stage(2);
-  // Force top-N rows and those with issue 50's parameters go to the general algorithm, which
-  // checks the temperature itself.
+  // Force top-N rows and RAW-logprob rows go to the general algorithm, which checks the
+  // temperature itself. So does this path for top-nσ rows, after the cut below: only the
+  // values the cut keeps must stay in float32 range at temperature T (SPEC 3).
   const bool force = (!prompt && job.force_top_n > 0 && job.force_top_n < V) ||
                      NeedsWholeRowSelections(job);
-  const int32_t fault = RowFault(any_bad, x_min, x_max, job.temperature, !force);
+  const bool sigma = !prompt && !force && job.top_n_sigma > 0.0f;
+  const int32_t fault = RowFault(any_bad, x_min, x_max, job.temperature, !force && !sigma);
   if (fault != 0) {
     if (rank == 0 && threadIdx.x == 0) out.status = fault;
     return;
@@ -128,6 +157,56 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
   if (force) {
     fallback(false);
     return;
+  }
+  if (sigma) {
+    // Top-nσ (SPEC 3 step 4) on the resident row: the finite x's mean, then their population
+    // deviation (two passes, as the CPU), each a block sum then the cluster's in rank order;
+    // x < M - n * sigma (float64) becomes -inf in place, so every pass below sees the kept
+    // row. The temperature check then runs over the kept values only.
+    double sum = 0.0, finite = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const float v = xs[i];
+      if (v != kNegInf) {
+        sum += v;
+        finite += 1.0;
+      }
+    }
+    sum = BlockReduce(sum, SumOp(), sh.scratch_d);
+    finite = BlockReduce(finite, SumOp(), sh.scratch_d);
+    ClusterCombine2(cluster, &sum, &finite, SumOp());
+    const double mean = sum / finite;
+    double squares = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const float v = xs[i];
+      if (v != kNegInf) {
+        const double d = static_cast<double>(v) - mean;
+        squares += d * d;
+      }
+    }
+    squares = BlockReduce(squares, SumOp(), sh.scratch_d);
+    double unused = 0.0;
+    ClusterCombine2(cluster, &squares, &unused, SumOp());
+    const double floor = static_cast<double>(x_max) -
+                         static_cast<double>(job.top_n_sigma) * sqrt(squares / finite);
+    float kept_min = INFINITY;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const float v = xs[i];
+      if (v == kNegInf) continue;
+      if (static_cast<double>(v) < floor) {
+        xs[i] = kNegInf;
+      } else {
+        kept_min = fminf(kept_min, v);
+      }
+    }
+    // The cluster's kept minimum, as the maximum of the negated values.
+    double neg_min = BlockReduce(-kept_min, MaxOp(), sh.scratch_f);
+    ClusterCombine2(cluster, &neg_min, &unused, MaxOp());
+    const int32_t cut_fault =
+        RowFault(0, static_cast<float>(-neg_min), x_max, job.temperature, /*check_temperature=*/true);
+    if (cut_fault != 0) {
+      if (rank == 0 && threadIdx.x == 0) out.status = cut_fault;
+      return;
+    }
   }
   const float T = job.temperature;
   const float M = x_max / T;
@@ -249,7 +328,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
   const double Z = z_total;
   if (pick < 0) {
     cluster.sync();  // every block has finished reading `part`
-    fallback(false);
+    fallback(sigma);  // a top-nσ row's xs holds the cut: the general algorithm cuts x itself
     return;
   }
   // Gather: each block lists its tokens within the chosen distance; block 0 appends the rest.
@@ -280,7 +359,7 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
   __syncthreads();
   if (overflow) {
     cluster.sync();
-    fallback(false);
+    fallback(sigma);
     return;
   }
   if (rank == 0) {

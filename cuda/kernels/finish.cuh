@@ -52,8 +52,8 @@ __device__ __forceinline__ void WriteRowOutputs(RowResult& out, int token, int a
 
 // The rest of SPEC 3 and all of SPEC 5-7 for a row whose kept set (and top logprobs) lie in
 // the candidates sh.cand_id/cand_s [0, n_cand), a prefix of the order: sort (unless `sorted`:
-// the caller placed them in order), top-p (over the full Z), top-k, min-p, log_softmax, then
-// the draw or verification, and the outputs.
+// the caller placed them in order), top-p (over the full Z), top-k, min-p, XTC, log_softmax,
+// then the draw or verification, and the outputs.
 static __device__ void FinishCandidates(Shared& sh, const RowJob& job, RowResult& out, int V, float M,
                                         double Z, int n_cand, bool sorted) {
   const bool prompt = job.kind == kRowPrompt;
@@ -87,7 +87,38 @@ static __device__ void FinishCandidates(Shared& sh, const RowJob& job, RowResult
     kept = sh.count;
     __syncthreads();
   }
-  const double Zk = PrefixSums(sh, kept, [&](int i) { return static_cast<double>(expf(sh.cand_s[i] - M)); });
+  auto weight = [&](int i) { return static_cast<double>(expf(sh.cand_s[i] - M)); };
+  double Zk = PrefixSums(sh, kept, weight);
+  if (!prompt && job.xtc != 0) {
+    // XTC (SPEC 3 step 8; the host drew it and it fired): the kept tokens with p >= the
+    // threshold are a prefix of the kept order (p falls along it); when there are two or
+    // more, all but the last of them go: the kept set starts at that last one.
+    const double limit = static_cast<double>(job.xtc_threshold);
+    if (threadIdx.x == 0) sh.count = kept;
+    __syncthreads();
+    for (int i = threadIdx.x; i < kept; i += blockDim.x) {
+      if (!(weight(i) / Zk >= limit)) atomicMin(&sh.count, i);
+    }
+    __syncthreads();
+    const int drop = sh.count - 1;
+    __syncthreads();
+    if (drop >= 1) {
+      kept -= drop;
+      // Shifted down through cand_key and cum's storage (both rewritten below before use).
+      int* ids = reinterpret_cast<int*>(sh.cum);
+      for (int i = threadIdx.x; i < kept; i += blockDim.x) {
+        sh.cand_key[i] = sh.cand_s[i + drop];
+        ids[i] = sh.cand_id[i + drop];
+      }
+      __syncthreads();
+      for (int i = threadIdx.x; i < kept; i += blockDim.x) {
+        sh.cand_s[i] = sh.cand_key[i];
+        sh.cand_id[i] = ids[i];
+      }
+      __syncthreads();
+      Zk = PrefixSums(sh, kept, weight);
+    }
+  }
   const double log_zk = log(Zk);
   auto index_of = [&](int t) -> int {
     if (threadIdx.x == 0) sh.count = -1;
