@@ -299,6 +299,60 @@ TEST(CudaBackend, TopNSigmaXtcAndRawLogprobsMatchCpu) {
               tally.requests, tally.token_mismatches, tally.compared_logprobs);
 }
 
+// Issue 50 on the fast paths, small enough for compute-sanitizer. SPEC 3 step 4's cut at the
+// population deviation: finite values [4, 2.5, 2, 0] spread over V = 32,000 (the rest -inf),
+// n = 1: M - σ = 2.569 removes 2.5, which a sample deviation (M - 1.652 = 2.348) would keep.
+// Then top-nσ (fused path) and XTC (split and fused paths) over random rows, against the CPU.
+TEST(CudaBackend, TopNSigmaAndXtcOnTheFastPaths) {
+  auto gpu = Gpu();
+  ASSERT_NE(gpu, nullptr);
+  auto cpu = Cpu();
+  const int32_t vocab = 32000;
+  {
+    HostLogits logits(2, vocab);
+    for (float& v : logits.values) v = -INFINITY;
+    const float finite[] = {4.0f, 2.5f, 2.0f, 0.0f};
+    for (int r = 0; r < 2; ++r) {
+      for (int i = 0; i < 4; ++i) logits.Row(r)[9000 * i + 7 * r] = finite[i];
+    }
+    Step step = MakeStep(StepKind::kPrefill, logits, vocab);
+    for (int r = 0; r < 2; ++r) {
+      RequestInputs q = PrefillRequest("s" + std::to_string(r), r, 5 + r);
+      q.params.top_n_sigma = 1.0f;
+      q.params.top_logprobs = 3;
+      q.params.top_k = r == 0 ? -1 : 20;
+      step.requests.push_back(q);
+    }
+    const StepResult got = RunStep(*gpu, step);
+    for (int r = 0; r < 2; ++r) {
+      const RequestResult& res = got.results[r];
+      ASSERT_TRUE(res.status.ok()) << res.status;
+      ASSERT_EQ(res.token_ids, std::vector<int32_t>{7 * r});
+      ASSERT_EQ(res.top_logprobs.size(), 1u);
+      EXPECT_EQ(res.top_logprobs[0].token_ids, (std::vector<int32_t>{7 * r, -1, -1})) << r;
+      EXPECT_EQ(res.logprobs, std::vector<float>{0.0f});
+    }
+  }
+  CompareTally tally;
+  uint64_t seed = 9100;
+  SamplingParams a;
+  a.top_n_sigma = 1.0f; a.temperature = 0.8f; a.top_k = 50; a.top_p = 0.95f; a.top_logprobs = 5;
+  SamplingParams b;
+  b.xtc_probability = 1.0f; b.xtc_threshold = 0.05f; b.top_k = 50; b.top_p = 0.95f;
+  b.temperature = 0.7f; b.top_logprobs = 5;
+  SamplingParams c = b;
+  c.top_k = 200;  // the fused path
+  for (const SamplingParams& params : {a, b, c}) {
+    HostLogits logits(6, vocab, seed, 3.0f);
+    std::vector<std::string> masks;
+    masks.reserve(6);
+    const Step step = PrefillStep(logits, vocab, 6, seed, params, 0, true, &masks);
+    CompareWithCpu(RunStep(*cpu, step), RunStep(*gpu, step), tally,
+                   "fast paths seed=" + std::to_string(seed), step);
+    ++seed;
+  }
+}
+
 // Without experimental_kernels (samplerd's default), a request asking for top-nσ, XTC or raw
 // logprobs fails alone with FAILED_PRECONDITION naming its parameter, and the other requests
 // of the step answer as the experimental backend answers them.
