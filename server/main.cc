@@ -86,9 +86,9 @@ ABSL_FLAG(int, cuda_streams, 4,
           "CUDA backend: steps on the device at once, each on its own CUDA stream with its own "
           "buffers (one step's host work and copies overlap another's kernels)");
 ABSL_FLAG(bool, cuda_experimental_kernels, false,
-          "CUDA backend: serve top-n-sigma, XTC and raw logprobs (exact but slow kernels: a "
-          "request asking for them stalls its whole step); off: those parameters fail per "
-          "request");
+          "CUDA backend: serve raw logprobs (logprobs_mode RAW: an exact but slow kernel, a "
+          "request asking for them stalls its whole step); off: such requests fail alone. "
+          "Top-n-sigma and XTC are always served");
 ABSL_FLAG(bool, cuda_device_step_output, true,
           "CUDA backend: a step's StepOutput (tokens into the worker's memory) is written by the "
           "device right after the kernels; false: from the host once the results are back");
