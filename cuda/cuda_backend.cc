@@ -281,10 +281,9 @@ namespace {
 // for them fails alone with FAILED_PRECONDITION naming the field.
 void RefuseExperimentalParams(const StepPlan& plan, StepResult& result) {
   for (size_t i = 0; i < plan.requests.size(); ++i) {
-    const char* field = plan.requests[i].params.raw_logprobs ? "logprobs_mode" : nullptr;
-    if (field == nullptr || !result.results[i].status.ok()) continue;
+    if (!plan.requests[i].params.raw_logprobs || !result.results[i].status.ok()) continue;
     result.results[i].status = absl::FailedPreconditionError(absl::StrCat(
-        RequestField(i), ".params.", field,
+        RequestField(i), ".params.logprobs_mode",
         ": served on the CUDA backend only with --cuda_experimental_kernels (its kernels "
         "are slow yet; the CPU backend serves it)"));
   }

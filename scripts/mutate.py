@@ -192,7 +192,7 @@ GPU_MUTANTS = [
     ("gpu-fused-sigma-fallback-keeps-the-cut", "cuda/fused_path.cu",
      "    fallback(sigma);  // a top-nσ row's xs holds the cut", "    fallback(false);  // a top-nσ row's xs holds the cut", 0),
     ("gpu-finish-xtc-removes-the-last-too", "cuda/kernels/finish.cuh",
-     "    const int drop = sh.count - 1;", "    const int drop = sh.count;", 0),
+     "return !(weight(i) / Zk >= limit); }) - 1;", "return !(weight(i) / Zk >= limit); });", 0),
     # Issue 47: tensor-parallel logits shards read in place.
     ("gpu-shard-walker-boundary", "cuda/sampling_kernels.cuh",
      "while (c >= end_ && s_ + 1 < p_.num_shards) {", "while (c > end_ && s_ + 1 < p_.num_shards) {", 0),

@@ -64,44 +64,24 @@ static __device__ void FinishCandidates(Shared& sh, const RowJob& job, RowResult
   __syncthreads();
   if (!sorted) SortCandidates(sh, n_cand);
   int kept = n_cand;
-  PrefixSums(sh, n_cand, [&](int i) { return static_cast<double>(expf(sh.cand_s[i] - M)); });
+  auto weight = [&](int i) { return static_cast<double>(expf(sh.cand_s[i] - M)); };
+  PrefixSums(sh, n_cand, weight);
   if (top_p) {
-    if (threadIdx.x == 0) sh.count = n_cand;
-    __syncthreads();
-    for (int i = threadIdx.x; i < n_cand; i += blockDim.x) {
-      const double before = i > 0 ? sh.cum[i - 1] : 0.0;
-      if (TopPRemoves(before, Z, job.top_p)) atomicMin(&sh.count, i);
-    }
-    __syncthreads();
-    kept = sh.count;
-    __syncthreads();
+    kept = FirstWhere(sh, n_cand, [&](int i) {
+      return TopPRemoves(i > 0 ? sh.cum[i - 1] : 0.0, Z, job.top_p);
+    });
   }
   if (top_k) kept = min(kept, job.top_k);
   if (min_p > 0.0f) {
-    if (threadIdx.x == 0) sh.count = kept;
-    __syncthreads();
-    for (int i = threadIdx.x; i < kept; i += blockDim.x) {
-      if (i > 0 && MinPRemoves(expf(sh.cand_s[i] - M), min_p)) atomicMin(&sh.count, i);
-    }
-    __syncthreads();
-    kept = sh.count;
-    __syncthreads();
+    kept = FirstWhere(sh, kept, [&](int i) { return i > 0 && MinPRemoves(expf(sh.cand_s[i] - M), min_p); });
   }
-  auto weight = [&](int i) { return static_cast<double>(expf(sh.cand_s[i] - M)); };
   double Zk = PrefixSums(sh, kept, weight);
   if (!prompt && job.xtc != 0) {
     // XTC (SPEC 3 step 8; the host drew it and it fired): the kept tokens with p >= the
     // threshold are a prefix of the kept order (p falls along it); when there are two or
     // more, all but the last of them go: the kept set starts at that last one.
     const double limit = static_cast<double>(job.xtc_threshold);
-    if (threadIdx.x == 0) sh.count = kept;
-    __syncthreads();
-    for (int i = threadIdx.x; i < kept; i += blockDim.x) {
-      if (!(weight(i) / Zk >= limit)) atomicMin(&sh.count, i);
-    }
-    __syncthreads();
-    const int drop = sh.count - 1;
-    __syncthreads();
+    const int drop = FirstWhere(sh, kept, [&](int i) { return !(weight(i) / Zk >= limit); }) - 1;
     if (drop >= 1) {
       kept -= drop;
       // Shifted down through cand_key and cum's storage (both rewritten below before use).
@@ -170,7 +150,7 @@ static __device__ void FinishCandidates(Shared& sh, const RowJob& job, RowResult
       for (int i = threadIdx.x; i < kept; i += blockDim.x) sh.cand_key[i] = sh.cand_s[i];
       __syncthreads();
       SortCandidates(sh, kept);
-      PrefixSums(sh, kept, [&](int i) { return static_cast<double>(expf(sh.cand_s[i] - M)); });
+      PrefixSums(sh, kept, weight);
       if (positive == 0) replacement = sh.cand_id[FirstExceeding(sh, kept, u_r * Zk)];
       return replacement;
     };

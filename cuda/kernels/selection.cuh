@@ -198,6 +198,21 @@ static __device__ double PrefixSums(Shared& sh, int n, WFn w) {
   return total;
 }
 
+// The first index i in [0, n) with pred(i) true; n if none. Block-uniform (it synchronises):
+// the cuts of a kept prefix (top-p, min-p, XTC) are each the first index that fails.
+template <typename Pred>
+static __device__ int FirstWhere(Shared& sh, int n, Pred pred) {
+  if (threadIdx.x == 0) sh.count = n;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    if (pred(i)) atomicMin(&sh.count, i);
+  }
+  __syncthreads();
+  const int first = sh.count;
+  __syncthreads();
+  return first;
+}
+
 // The first index in [0, n) whose inclusive prefix exceeds `target`; n - 1 if none.
 static __device__ int FirstExceeding(Shared& sh, int n, double target) {
   if (threadIdx.x == 0) sh.count = n - 1;
