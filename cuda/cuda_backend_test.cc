@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <thread>
 #include <atomic>
@@ -359,6 +360,91 @@ TEST(CudaBackend, TopNSigmaAndXtcOnTheFastPaths) {
                    "fast paths seed=" + std::to_string(seed), step);
     ++seed;
   }
+}
+
+// SPEC 7's RAW logprobs on the fast paths (RawLogprobsKernel after the split and fused paths),
+// small enough for compute-sanitizer. Rows built for each way its top entries are found:
+// random rows (the band within a few nats of the raw max), a flat row (every token tied: the
+// cluster's radix selection, ties in id order across its blocks), a lone max over a dense band
+// of 6,000 equal values (the band overflows the candidate list: radix selection with the ties
+// cut inside the band), bfloat16 logits (many exact ties); with a grammar mask, penalties and
+// a bias (the raw values ignore them), on the split path (top-k 50), the fused path (top-k
+// 400, none) and the fused path's general fallback (force top-N), top_logprobs 1 to 64, and
+// DECODE verification rows. Against the CPU, then the flat row's ids checked outright.
+TEST(CudaBackend, RawLogprobsOnTheFastPathsMatchCpu) {
+  auto gpu = Gpu();
+  ASSERT_NE(gpu, nullptr);
+  auto cpu = Cpu();
+  CompareTally tally;
+  const int32_t vocab = 32000;
+  uint64_t seed = 9300;
+  for (int shape = 0; shape < 4; ++shape) {
+    for (int32_t top_k : {50, 400, -1}) {
+      for (int32_t force : {0, 64}) {
+        const int rows = 6;
+        HostLogits logits(rows, vocab, seed, 3.0f);
+        if (shape == 1) {
+          for (float& v : logits.values) v = 0.0f;
+        } else if (shape == 2) {
+          for (int r = 0; r < rows; ++r) {
+            float* row = logits.Row(r);
+            for (int32_t c = 0; c < vocab; ++c) row[c] = -30.0f;
+            for (int32_t c = 0; c < 6000; ++c) row[(c * 5 + r) % vocab] = -3.0f;
+            row[(17 * r + 3) % vocab] = 9.0f;  // the lone max, far above the band
+          }
+        }
+        SamplingParams params;
+        params.logprobs_mode = 1;
+        params.top_k = top_k;
+        params.temperature = 0.9f;
+        params.top_p = shape == 1 ? 1.0f : 0.95f;
+        params.top_logprobs = (shape * 3 + (top_k > 0 ? top_k : 7)) % 64 + 1;
+        params.repetition_penalty = 1.2f;
+        params.logit_bias = {{11, 3.0f}, {12, -2.0f}};
+        std::vector<std::string> masks;
+        masks.reserve(rows);
+        Step step = PrefillStep(logits, vocab, rows, seed, params, force, force == 0, &masks);
+        std::vector<uint16_t> bf16;
+        if (shape == 3) {
+          bf16.resize(logits.values.size());
+          for (size_t i = 0; i < bf16.size(); ++i) bf16[i] = FloatToBFloat16(logits.values[i]);
+          step.logits.data = bf16.data();
+          step.logits.dtype = DType::kBFloat16;
+        }
+        const StepResult want = RunStep(*cpu, step);
+        const StepResult got = RunStep(*gpu, step);
+        CompareWithCpu(want, got, tally,
+                       "raw shape=" + std::to_string(shape) + " top_k=" + std::to_string(top_k) +
+                           " force=" + std::to_string(force),
+                       step);
+        {
+          // The compare lets ranks of equal logprobs swap; SPEC 7 orders them by id: row 1's
+          // top ids against a stable sort of its values as sent.
+          const RequestResult& res = got.results[1];
+          ASSERT_TRUE(res.status.ok()) << res.status;
+          ASSERT_EQ(res.top_logprobs.size(), 1u);
+          std::vector<float> sent(logits.Row(1), logits.Row(1) + vocab);
+          if (shape == 3) {
+            for (int32_t c = 0; c < vocab; ++c) sent[c] = BFloat16ToFloat(bf16[vocab + c]);
+          }
+          std::vector<int32_t> order(vocab);
+          std::iota(order.begin(), order.end(), 0);
+          std::stable_sort(order.begin(), order.end(),
+                           [&](int32_t a, int32_t b) { return sent[a] > sent[b]; });
+          for (int i = 0; i < params.top_logprobs; ++i) {
+            EXPECT_EQ(res.top_logprobs[0].token_ids[i], order[i]) << "rank " << i;
+          }
+          if (shape == 1) {  // every raw logit 0: each log(1 / V)
+            EXPECT_FLOAT_EQ(res.top_logprobs[0].logprobs[0], -std::log(static_cast<float>(vocab)));
+          }
+        }
+        ++seed;
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+  std::printf("raw logprobs: %d requests, %d boundary-band tokens, %d logprobs compared\n",
+              tally.requests, tally.token_mismatches, tally.compared_logprobs);
 }
 
 // Top-nσ and XTC are served by default (the fused and split paths), answering as the

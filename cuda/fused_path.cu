@@ -8,6 +8,7 @@
 
 #include <cooperative_groups.h>
 
+#include "cuda/kernels/cluster.cuh"
 #include "cuda/kernels/general.cuh"
 
 namespace samplerd {
@@ -20,8 +21,6 @@ namespace detail {
 // gathers through distributed shared memory. Rows it cannot finish this way (force top-N, or a
 // kept set too wide for the candidate list) are written to the workspace and flagged (status
 // 3) for SampleRowsKernel.
-
-namespace cg = cooperative_groups;
 
 constexpr int kNumThresholds = 8;
 // Distances from the max (nats) at which the cluster counts tokens and mass; the last admits
@@ -40,33 +39,6 @@ constexpr float kGatherSlack = 1e-2f;
 // One block's partial results, as a flat array so that the cluster fetches it with one
 // remote load per value, all in parallel: [z, count[12], mass[12]].
 constexpr int kPartialValues = 1 + 2 * kNumThresholds;
-
-// Combines a and b over the cluster's blocks in rank order, by `op` (SumOp, MaxOp): every
-// thread of every block gets the same results. Each block's value (the same in all its
-// threads) is published by its thread 0; the first barrier makes it visible, the second keeps
-// it alive until every block has read it (the next call rewrites it).
-template <typename Op>
-__device__ void ClusterCombine2(cg::cluster_group& cluster, double* a, double* b, Op op) {
-  __shared__ double mine[2];
-  __shared__ double theirs[kClusterBlocks][2];
-  if (threadIdx.x == 0) {
-    mine[0] = *a;
-    mine[1] = *b;
-  }
-  cluster.sync();
-  if (threadIdx.x < 2 * kClusterBlocks) {
-    theirs[threadIdx.x / 2][threadIdx.x % 2] =
-        cluster.map_shared_rank(mine, static_cast<int>(threadIdx.x / 2))[threadIdx.x % 2];
-  }
-  cluster.sync();
-  double ra = theirs[0][0], rb = theirs[0][1];
-  for (int r = 1; r < kClusterBlocks; ++r) {
-    ra = op(ra, theirs[r][0]);
-    rb = op(rb, theirs[r][1]);
-  }
-  *a = ra;
-  *b = rb;
-}
 
 __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kClusterThreads, 2)
     ClusterSampleKernel(StepParams p, int chunk) {
@@ -128,11 +100,9 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
   }
   cluster.sync();  // every block has read `part` before it is rewritten below
   stage(2);
-  // Force top-N rows and RAW-logprob rows go to the general algorithm, which checks the
-  // temperature itself. So does this path for top-nσ rows, after the cut below: only the
+  // Force top-N rows go to the general algorithm, which checks the temperature itself. So does this path for top-nσ rows, after the cut below: only the
   // values the cut keeps must stay in float32 range at temperature T (SPEC 3).
-  const bool force = (!prompt && job.force_top_n > 0 && job.force_top_n < V) ||
-                     NeedsWholeRowSelections(job);
+  const bool force = !prompt && job.force_top_n > 0 && job.force_top_n < V;
   const bool sigma = !prompt && !force && job.top_n_sigma > 0.0f;
   const int32_t fault = RowFault(any_bad, x_min, x_max, job.temperature, !force && !sigma);
   if (fault != 0) {
@@ -171,10 +141,11 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
         finite += 1.0;
       }
     }
-    sum = BlockReduce(sum, SumOp(), sh.scratch_d);
-    finite = BlockReduce(finite, SumOp(), sh.scratch_d);
-    ClusterCombine2(cluster, &sum, &finite, SumOp());
-    const double mean = sum / finite;
+    double moments[2] = {BlockReduce(sum, SumOp(), sh.scratch_d),
+                         BlockReduce(finite, SumOp(), sh.scratch_d)};
+    ClusterCombine(cluster, moments, SumOp());
+    finite = moments[1];
+    const double mean = moments[0] / finite;
     double squares = 0.0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
       const float v = xs[i];
@@ -183,11 +154,10 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
         squares += d * d;
       }
     }
-    squares = BlockReduce(squares, SumOp(), sh.scratch_d);
-    double unused = 0.0;
-    ClusterCombine2(cluster, &squares, &unused, SumOp());
+    double deviation[1] = {BlockReduce(squares, SumOp(), sh.scratch_d)};
+    ClusterCombine(cluster, deviation, SumOp());
     const double floor = static_cast<double>(x_max) -
-                         static_cast<double>(job.top_n_sigma) * sqrt(squares / finite);
+                         static_cast<double>(job.top_n_sigma) * sqrt(deviation[0] / finite);
     float kept_min = INFINITY;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
       const float v = xs[i];
@@ -199,10 +169,10 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
       }
     }
     // The cluster's kept minimum, as the maximum of the negated values.
-    double neg_min = BlockReduce(-kept_min, MaxOp(), sh.scratch_f);
-    ClusterCombine2(cluster, &neg_min, &unused, MaxOp());
+    double neg_min[1] = {BlockReduce(-kept_min, MaxOp(), sh.scratch_f)};
+    ClusterCombine(cluster, neg_min, MaxOp());
     const int32_t cut_fault =
-        RowFault(0, static_cast<float>(-neg_min), x_max, job.temperature, /*check_temperature=*/true);
+        RowFault(0, static_cast<float>(-neg_min[0]), x_max, job.temperature, /*check_temperature=*/true);
     if (cut_fault != 0) {
       if (rank == 0 && threadIdx.x == 0) out.status = cut_fault;
       return;

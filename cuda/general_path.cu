@@ -119,6 +119,7 @@ const char* StepParams::Validate() const {
     return "vocab_size has too many chunks for the split path";
   }
   if (num_fused < 0 || (num_fused > 0 && fused_jobs == nullptr)) return "fused_jobs is null";
+  if (num_raw < 0 || (num_raw > 0 && raw_jobs == nullptr)) return "raw_jobs is null";
   return nullptr;
 }
 

@@ -20,7 +20,7 @@ std::string DescribeLaunch(const StepParams& params, bool fused_fits, const Lane
                            const Step& step, int masks, int q_rows) {
   std::vector<LaunchConfig> configs;
   if (fused_fits) {
-    configs = {SplitRowsConfig(params), FusedRowsConfig(params)};
+    configs = {SplitRowsConfig(params), FusedRowsConfig(params), RawRowsConfig(params)};
   } else {
     configs = {PrepareRowsConfig(params), RowUpdatesConfig(params), SampleRowsConfig(params)};
   }
@@ -35,7 +35,8 @@ std::string DescribeLaunch(const StepParams& params, bool fused_fits, const Lane
                   step.logits.on_device ? " (device)" : " (host)",
                   step.logits.shards.empty() ? "" : absl::StrCat(" in ", params.num_shards, " shards"),
                   ", jobs ", params.num_jobs,
-                  " (split ", params.num_split, ", fused ", params.num_fused, "), updates ",
+                  " (split ", params.num_split, ", fused ", params.num_fused, ", raw ", params.num_raw,
+                  "), updates ",
                   params.num_updates, ", masks ", masks, ", host q rows ", q_rows,
                   ", force_top_n ", step.force_top_n);
   return out;
@@ -96,7 +97,7 @@ absl::Status LaunchJobs(Lane& lane, const Step& step, const LogitsView& device_l
   // The input block's layout, the same in pinned staging and on the device. The sizes are
   // bounded by the step's limits (rows, V, token lists), far from overflowing size_t.
   const size_t job_bytes = n * sizeof(RowJob);
-  const size_t list_bytes = n * sizeof(int32_t);  // split_jobs, then fused_jobs
+  const size_t list_bytes = 2 * n * sizeof(int32_t);  // split_jobs, fused_jobs, raw_jobs
   const size_t update_bytes = updates.size() * sizeof(RowUpdate);
   const size_t q_bytes = static_cast<size_t>(verifies) * V * sizeof(float);
   const size_t q_id_bytes = q_ids * sizeof(int32_t);
@@ -171,6 +172,11 @@ absl::Status LaunchJobs(Lane& lane, const Step& step, const LogitsView& device_l
     if (!(split_on && SplitPathEligible(job_stage[k], V))) list_stage[num_fused++] = k;
   }
   num_fused -= num_split;
+  // RAW logprobs (SPEC 7): reported by LaunchRawRows after either path.
+  int num_raw = 0;
+  for (int k = 0; k < n && fused_fits; ++k) {
+    if (job_stage[k].raw_logprobs != 0) list_stage[n + num_raw++] = k;
+  }
   RETURN_IF_ERROR(lane.split_d.Reserve(SplitScratchBytes(num_split, V)));
   if (num_split > lane.split_arrival_slots) {
     RETURN_IF_ERROR(lane.split_arrivals_d.Reserve(num_split * sizeof(unsigned int)));
@@ -206,6 +212,10 @@ absl::Status LaunchJobs(Lane& lane, const Step& step, const LogitsView& device_l
     params.split_arrivals = lane.split_arrivals_d.as<unsigned int>();
     params.fused_jobs = lists + num_split;
     params.num_fused = num_fused;
+    if (num_raw > 0) {
+      params.raw_jobs = lists + n;
+      params.num_raw = num_raw;
+    }
   }
   if (const char* invalid = params.Validate(); invalid != nullptr) {
     return absl::InternalError(absl::StrCat("cuda step params: ", invalid));
@@ -221,6 +231,7 @@ absl::Status LaunchJobs(Lane& lane, const Step& step, const LogitsView& device_l
       // the general algorithm for the rows its candidates cannot finish.
       SAMPLERD_CUDA_RETURN(LaunchSplitRows(params, lane.stream));
       SAMPLERD_CUDA_RETURN(LaunchFusedRows(params, lane.stream));
+      SAMPLERD_CUDA_RETURN(LaunchRawRows(params, lane.stream));
     } else {
       SAMPLERD_CUDA_RETURN(LaunchPrepareRows(params, lane.stream));
       SAMPLERD_CUDA_RETURN(LaunchRowUpdates(params, lane.stream));

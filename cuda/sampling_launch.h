@@ -3,8 +3,9 @@
 // Where the vocabulary fits FusedPathFits, a step's jobs are split by SplitPathEligible (each
 // job's own parameters, so a row's path never depends on the batch): eligible rows (a small
 // top-k) run as LaunchSplitRows (independent blocks over chunks of each row, the last of
-// which finishes the row), the rest as LaunchFusedRows (a cluster per row). Otherwise three
-// launches on the caller's stream:
+// which finishes the row), the rest as LaunchFusedRows (a cluster per row); then the rows with
+// RAW logprobs as LaunchRawRows (a cluster per row reads the row as sent and overwrites the
+// reported logprobs). Otherwise three launches on the caller's stream:
 //   LaunchPrepareRows   logits (fp32/bf16/fp16) -> workspace x: padding, grammar mask, NaN
 //                       check, per-row max; several blocks per row.
 //   LaunchRowUpdates    sparse token updates of x: adjustments, then penalties.
@@ -153,6 +154,11 @@ struct StepParams {
   unsigned int* split_arrivals = nullptr;
   const int32_t* fused_jobs = nullptr;
   int32_t num_fused = 0;
+  // The jobs with RAW logprobs (SPEC 7) that LaunchRawRows reports on, after the paths. While
+  // set, the general algorithm (the fused path's fallback) reports processed logprobs for them;
+  // null (the three-launch path): the general algorithm reports raw ones itself.
+  const int32_t* raw_jobs = nullptr;
+  int32_t num_raw = 0;
   // INVALID_ARGUMENT-style check: returns nullptr when valid, else a message.
   const char* Validate() const;
   // Bytes of `workspace` plus `row_max` for `num_jobs` rows of `vocab_size`.
@@ -172,26 +178,31 @@ LaunchConfig SplitRowsConfig(const StepParams& params);
 LaunchConfig PrepareRowsConfig(const StepParams& params);
 LaunchConfig RowUpdatesConfig(const StepParams& params);
 LaunchConfig SampleRowsConfig(const StepParams& params);
+LaunchConfig RawRowsConfig(const StepParams& params);
 
 // The fused path (one read of each row; a cluster of blocks per row; rows its candidates
 // cannot finish go through the general algorithm in the same launch). Needs
 // FusedPathFits(vocab_size).
 bool FusedPathFits(int32_t vocab_size);
+// Columns of a row each block of a fused-path (or RAW logprobs) cluster holds.
+int FusedChunk(int32_t vocab_size);
 cudaError_t LaunchFusedRows(const StepParams& params, cudaStream_t stream);
 
-// Whether a job needs the general algorithm's whole-row selections (RAW logprobs are built
-// there only): the fused path sends it to its general fallback.
-SAMPLERD_SPEC_FN bool NeedsWholeRowSelections(const RowJob& job) { return job.raw_logprobs != 0; }
+// SPEC 7's RAW logprobs of the jobs in params.raw_jobs, after the split and fused paths have
+// sampled them (same stream): the log_softmax of each row as sent, its token's (or prompt
+// target's) value and its largest raw logprobs replace the processed ones. A cluster of blocks
+// per row holds the row in shared memory. Needs FusedPathFits(vocab_size).
+cudaError_t LaunchRawRows(const StepParams& params, cudaStream_t stream);
 
 // Whether a job takes the split path: 1 <= top_k <= kSplitMaxK (and < V), no force top-N,
-// at most 2048 candidates in all (chunks * top_k), no RAW logprobs. Needs
+// at most 2048 candidates in all (chunks * top_k). Needs
 // FusedPathFits(vocab_size). (Top-nσ rows take it: the chunks leave their moments, and a row
 // whose cut falls below some chunk's list runs the general algorithm.)
 inline bool SplitPathEligible(const RowJob& job, int32_t vocab_size) {
   const int chunks = (vocab_size + kSplitChunk - 1) / kSplitChunk;
   const bool force = job.kind != kRowPrompt && job.force_top_n > 0 && job.force_top_n < vocab_size;
   return job.top_k >= 1 && job.top_k <= kSplitMaxK && job.top_k < vocab_size && !force &&
-         chunks * job.top_k <= 2048 && !NeedsWholeRowSelections(job);
+         chunks * job.top_k <= 2048;
 }
 [[nodiscard]] size_t SplitScratchBytes(int32_t num_split, int32_t vocab_size);
 cudaError_t LaunchSplitRows(const StepParams& params, cudaStream_t stream);

@@ -187,8 +187,8 @@ GPU_MUTANTS = [
     # Issue 50 on the fused and split paths: top-nσ's cut on the resident row and over the
     # chunks' lists, XTC in the candidates' finish.
     ("gpu-fused-sigma-sample-variance", "cuda/fused_path.cu",
-     "static_cast<double>(job.top_n_sigma) * sqrt(squares / finite);",
-     "static_cast<double>(job.top_n_sigma) * sqrt(squares / (finite - 1.0));", 0),
+     "static_cast<double>(job.top_n_sigma) * sqrt(deviation[0] / finite);",
+     "static_cast<double>(job.top_n_sigma) * sqrt(deviation[0] / (finite - 1.0));", 0),
     ("gpu-fused-sigma-fallback-keeps-the-cut", "cuda/fused_path.cu",
      "    fallback(sigma);  // a top-nσ row's xs holds the cut", "    fallback(false);  // a top-nσ row's xs holds the cut", 0),
     ("gpu-split-sigma-assumes-complete", "cuda/kernels/split_finish.cuh",
@@ -198,6 +198,13 @@ GPU_MUTANTS = [
      "    z = row.z + 0.0 * static_cast<double>(BlockReduce(local, SumOp(), sh.scratch_u));", 0),
     ("gpu-finish-xtc-removes-the-last-too", "cuda/kernels/finish.cuh",
      "return !(weight(i) / Zk >= limit); }) - 1;", "return !(weight(i) / Zk >= limit); });", 0),
+    # Issue 50's RAW logprobs on the fast paths (RawLogprobsKernel).
+    ("gpu-raw-kernel-applies-updates", "cuda/raw_logprobs.cu",
+     "  as_sent.update_end = as_sent.update_begin;\n", "", 0),
+    ("gpu-raw-kernel-ties-by-higher-id", "cuda/raw_logprobs.cu",
+     "(other == key && sh.cand_id[k] < id);", "(other == key && sh.cand_id[k] > id);", 0),
+    ("gpu-raw-kernel-radix-drops-a-tie", "cuda/raw_logprobs.cu",
+     "if (tie && before <= rest) append(i, prefix);", "if (tie && before < rest) append(i, prefix);", 0),
     # Issue 47: tensor-parallel logits shards read in place.
     ("gpu-shard-walker-boundary", "cuda/sampling_kernels.cuh",
      "while (c >= end_ && s_ + 1 < p_.num_shards) {", "while (c > end_ && s_ + 1 < p_.num_shards) {", 0),

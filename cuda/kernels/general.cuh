@@ -26,7 +26,8 @@ static __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) 
   // the whole-row selections below, never the candidates.
   const bool sigma = !prompt && job.top_n_sigma > 0.0f;
   const bool xtc = !prompt && job.xtc != 0;
-  const bool raw = job.raw_logprobs != 0;
+  // RAW logprobs here only where no RawLogprobsKernel follows (StepParams::raw_jobs).
+  const bool raw = job.raw_logprobs != 0 && p.raw_jobs == nullptr;
 
   // Row max of x (the prepare kernel's, unless penalties moved values).
   float x_max = FromOrderKey(p.row_max[j]);
