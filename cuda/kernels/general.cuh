@@ -22,8 +22,10 @@ static __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) 
   const bool has_penalties = job.update_end > job.update_begin;
   const int force_n = prompt ? 0 : job.force_top_n;
   RowScores scores{x, V, job.temperature, false, 0u, 0};
-  // Issue 50: top-nσ and XTC (not on prompt rows), RAW logprobs. Rows with any of them take
-  // the whole-row selections below, never the candidates.
+  // Issue 50: top-nσ and XTC (not on prompt rows), RAW logprobs. Top-nσ's cut is part of the
+  // scores (RowScores::sigma_floor), so the histogram, Z and the candidates all see the kept
+  // row; XTC acts in FinishCandidates as on the fast paths: both take the candidates where
+  // they fit. RAW logprobs computed here need the whole-row selections.
   const bool sigma = !prompt && job.top_n_sigma > 0.0f;
   const bool xtc = !prompt && job.xtc != 0;
   // RAW logprobs here only where no RawLogprobsKernel follows (StepParams::raw_jobs).
@@ -151,7 +153,7 @@ static __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) 
     }
     unsigned int count = 0;
     for (int b = 0; b <= last; ++b) count += sh.hist_count[b];
-    sh.count = count <= static_cast<unsigned int>(kCandidateCapacity) && !sigma && !xtc && !raw
+    sh.count = count <= static_cast<unsigned int>(kCandidateCapacity) && !raw
                    ? static_cast<int>(count)
                    : -1;
     sh.sel_id = last;

@@ -102,8 +102,7 @@ static __device__ void RadixSelect(Shared& sh, int V, WeightFn weight_of, unsign
       sh.sel_rest = digit >= 0 ? rest - before : 0;
     }
     __syncthreads();
-    if (sh.sel_id < 0) {
-      if (threadIdx.x == 0) sh.sel_id = -1;
+    if (sh.sel_id < 0) {  // no digit: the total does not exceed the target; sel_id is -1
       __syncthreads();
       return;
     }
