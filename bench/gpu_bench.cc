@@ -218,7 +218,6 @@ int Main(int argc, char** argv) {
   const auto flashinfer_best = flashinfer.empty() ? decltype(ReadFlashInfer("")){}
                                                   : ReadFlashInfer(flashinfer);
   CudaBackendOptions options;
-  options.experimental_kernels = true;  // issue 50's cost figures
   auto gpu = CudaBackend::Create(options);
   if (!gpu.ok()) {
     std::fprintf(stderr, "%s\n", std::string(gpu.status().message()).c_str());

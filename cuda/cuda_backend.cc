@@ -234,7 +234,7 @@ CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CudaBackend::~CudaBackend() = default;
 
 BackendInfo CudaBackend::Info() const {
-  return BackendInfo{"cuda", impl_->device_name, impl_->mps, impl_->options.experimental_kernels};
+  return BackendInfo{"cuda", impl_->device_name, impl_->mps};
 }
 
 absl::Status CudaBackend::Broken() const {
@@ -275,27 +275,10 @@ void CudaBackend::set_split_path(bool on) {
   impl_->split_path = on;
 }
 
-namespace {
-
-// RAW logprobs, while their kernel is experimental (CudaBackendOptions): a request that asks
-// for them fails alone with FAILED_PRECONDITION naming the field.
-void RefuseExperimentalParams(const StepPlan& plan, StepResult& result) {
-  for (size_t i = 0; i < plan.requests.size(); ++i) {
-    if (!plan.requests[i].params.raw_logprobs || !result.results[i].status.ok()) continue;
-    result.results[i].status = absl::FailedPreconditionError(absl::StrCat(
-        RequestField(i), ".params.logprobs_mode",
-        ": served on the CUDA backend only with --cuda_experimental_kernels (its kernels "
-        "are slow yet; the CPU backend serves it)"));
-  }
-}
-
-}  // namespace
-
 absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {
   Impl& impl = *impl_;
   SAMPLERD_CUDA_RETURN(cudaSetDevice(impl.options.device));
   StepResult result = BeginStepResult(plan);
-  if (!impl.options.experimental_kernels) RefuseExperimentalParams(plan, result);
   std::vector<DraftPool::Entry> pool_entries;
   TakeDecodeDrafts(plan, impl.pool, result, &pool_entries);
   const std::vector<RowTask> tasks = RowTasks(plan, result);

@@ -29,14 +29,6 @@ struct CudaBackendOptions {
   // one step's host work and copies overlap another's kernels. Each lane's buffers grow to the
   // largest step it has run.
   int streams = 4;
-  // Kernels not yet fit to serve by default: issue 50's raw logprobs (exact against the CPU
-  // backend on an H100, but run by the general path's whole-row radix selections: a 16-row
-  // step takes ~14.5 ms instead of 26 us, so one request asking for them would stall every
-  // request of its step). Off (the default): requests asking for them fail alone with
-  // FAILED_PRECONDITION naming logprobs_mode. cuda_backend_test and gpu_bench turn it on to
-  // check and measure them; `samplerd --cuda_experimental_kernels` serves them. (Top-nσ and
-  // XTC run on the fused and split paths and are always served.)
-  bool experimental_kernels = false;
   // The StepOutput (issue 46) of a DECODE or PREFILL step of one launch written by the device
   // (WriteStepOutputKernel, then the done word), so the worker's wait does not depend on this
   // process's host; off: written from the host after the results come back (DRAFT steps and

@@ -36,7 +36,6 @@ namespace {
 std::unique_ptr<CudaBackend> Gpu(int lanes = CudaBackendOptions{}.streams) {
   CudaBackendOptions options;
   options.streams = lanes;
-  options.experimental_kernels = true;  // the tests that validate them
   auto gpu = CudaBackend::Create(options);
   EXPECT_TRUE(gpu.ok()) << gpu.status();
   return gpu.ok() ? std::move(*gpu) : nullptr;
@@ -447,37 +446,6 @@ TEST(CudaBackend, RawLogprobsOnTheFastPathsMatchCpu) {
               tally.requests, tally.token_mismatches, tally.compared_logprobs);
 }
 
-// Top-nσ and XTC are served by default (the fused and split paths), answering as the
-// experimental backend does; RAW logprobs only with the experimental kernels: by default such
-// a request fails alone, naming logprobs_mode.
-TEST(CudaBackend, RawLogprobsFailAloneByDefault) {
-  auto created = CudaBackend::Create(CudaBackendOptions{});
-  ASSERT_TRUE(created.ok()) << created.status();
-  auto experimental = Gpu();
-  ASSERT_NE(experimental, nullptr);
-  const int32_t vocab = 32000;
-  HostLogits logits(4, vocab, 31, 2.0f);
-  Step step = MakeStep(StepKind::kPrefill, logits, vocab);
-  for (int i = 0; i < 4; ++i) {
-    RequestInputs r = PrefillRequest("q" + std::to_string(i), i, 50 + i);
-    r.params.top_logprobs = 2;
-    if (i == 1) r.params.top_n_sigma = 1.0f;
-    if (i == 2) r.params.xtc_probability = 0.5f;
-    if (i == 3) r.params.logprobs_mode = 1;
-    step.requests.push_back(r);
-  }
-  const StepResult by_default = RunStep(**created, step);
-  const StepResult served = RunStep(*experimental, step);
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(by_default.results[i].status.ok()) << i << ": " << by_default.results[i].status;
-    EXPECT_EQ(by_default.results[i].token_ids, served.results[i].token_ids) << i;
-  }
-  EXPECT_EQ(by_default.results[3].status.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(by_default.results[3].status.message()),
-              ::testing::HasSubstr("requests[3].params.logprobs_mode"));
-  EXPECT_TRUE(served.results[3].status.ok()) << served.results[3].status;
-}
-
 // Random token adjustments as an OpenAI-style server sends them (64 bias entries, 4 bad words
 // of which some the history completes, min_tokens with stop ids, sometimes allowed ids, with
 // and without grammar masks and penalties) on PREFILL and DECODE steps: both backends agree.
@@ -838,7 +806,6 @@ TEST(CudaBackend, DecodeAndDraftMatchCpu) {
 TEST(CudaBackend, DraftPoolLivesOnTheDevice) {
   const int32_t vocab = 1000, row_elements = 1024;
   CudaBackendOptions options;
-  options.experimental_kernels = true;
   // Three rows of device memory, and the bookkeeping of three rows and two entries.
   const int64_t row_bytes = row_elements * 4 + kRowOverheadBytes;
   const int64_t entry_bytes = kEntryOverheadBytes + DraftPoolKey("", "p0").size();

@@ -22,8 +22,6 @@ struct BackendInfo {
   // CUDA: the device context is an MPS client (one GPU context shared with the worker's under
   // an MPS server; a fatal fault of any client then ends them all).
   bool mps = false;
-  // CUDA: the experimental kernels are on (CudaBackendOptions::experimental_kernels).
-  bool experimental_kernels = false;
 };
 
 class Backend {

@@ -86,9 +86,8 @@ ABSL_FLAG(int, cuda_streams, 4,
           "CUDA backend: steps on the device at once, each on its own CUDA stream with its own "
           "buffers (one step's host work and copies overlap another's kernels)");
 ABSL_FLAG(bool, cuda_experimental_kernels, false,
-          "CUDA backend: serve raw logprobs (logprobs_mode RAW: an exact but slow kernel, a "
-          "request asking for them stalls its whole step); off: such requests fail alone. "
-          "Top-n-sigma and XTC are always served");
+          "No effect, kept so that existing command lines still start: it gated raw logprobs "
+          "(logprobs_mode RAW), which the CUDA backend now serves by default");
 ABSL_FLAG(bool, cuda_device_step_output, true,
           "CUDA backend: a step's StepOutput (tokens into the worker's memory) is written by the "
           "device right after the kernels; false: from the host once the results are back");
@@ -252,7 +251,6 @@ int Serve() {
       cuda_options.device = device;
       cuda_options.draft_pool = pool_options;
       cuda_options.streams = absl::GetFlag(FLAGS_cuda_streams);
-      cuda_options.experimental_kernels = absl::GetFlag(FLAGS_cuda_experimental_kernels);
       cuda_options.device_step_output = absl::GetFlag(FLAGS_cuda_device_step_output);
       auto cuda = CudaBackend::Create(cuda_options);
       if (cuda.ok()) {

@@ -545,10 +545,10 @@ grpc::Status SamplerService::GetServerInfo(grpc::ServerContext*, const v1::GetSe
        {"prefill", "decode", "draft", "draft_pool", "prompt_logprobs", "grammar_masks",
         "penalties", "force_top_n", "sum_smaller_probs", "golden_tokens", "inline_logits",
         "host_shm", "shards", "bf16", "fp16", "release", "token_adjustments",
-        "registration_leases", "dry", "request_batch", "packed_results", "top_n_sigma", "xtc"}) {
+        "registration_leases", "dry", "request_batch", "packed_results", "top_n_sigma", "xtc",
+        "raw_logprobs"}) {
     response->add_features(feature);
   }
-  if (info.name != "cuda" || info.experimental_kernels) response->add_features("raw_logprobs");
   if (info.mps) response->add_features("mps");
   if (info.name == "cuda") {
     response->add_features("step_output");    // tokens into GPU memory
