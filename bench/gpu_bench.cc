@@ -373,7 +373,7 @@ int Main(int argc, char** argv) {
       AddBenchPrefillRequests(plain, rows, /*adjust=*/false);
       const std::pair<const char*, std::function<void(SamplingParams&)>> variants[] = {
           {"top-nσ n=1", [](SamplingParams& p) { p.top_n_sigma = 1.0f; }},
-          // Thousands kept: the chunks' lists miss survivors, the general algorithm runs.
+          // Thousands kept: the fused path's candidates overflow, the general algorithm runs.
           {"top-nσ n=3", [](SamplingParams& p) { p.top_n_sigma = 3.0f; }},
           {"XTC p=1 t=0.1", [](SamplingParams& p) { p.xtc_probability = 1.0f; }},
           {"RAW logprobs", [](SamplingParams& p) { p.logprobs_mode = 1; }},

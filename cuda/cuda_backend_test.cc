@@ -185,8 +185,8 @@ TEST(CudaBackend, PrefillMatchesCpuOverEveryFeature) {
 }
 
 // Issue 50: top-nσ, XTC and RAW logprobs, alone and mixed with the other parameters, force
-// top-N and grammar masks: top-nσ on the split and fused paths (and the fused path's general
-// fallback after the cut), XTC on the fused and split paths, RAW logprobs and force top-N on the general algorithm, all
+// top-N and grammar masks: top-nσ on the fused path (and its general fallback after the cut),
+// XTC on the fused and split paths, RAW logprobs and force top-N on the general algorithm, all
 // of them on the three-kernel path (V = 400,000); prompt logprobs in RAW mode; DECODE rows
 // verifying against XTC's distribution. Both backends agree (tokens, or SPEC 8's band;
 // logprobs to 1e-5).
@@ -302,8 +302,8 @@ TEST(CudaBackend, TopNSigmaXtcAndRawLogprobsMatchCpu) {
 // Issue 50 on the fast paths, small enough for compute-sanitizer. SPEC 3 step 4's cut at the
 // population deviation: finite values [4, 2.5, 2, 0] spread over V = 32,000 (the rest -inf),
 // n = 1: M - σ = 2.569 removes 2.5, which a sample deviation (M - 1.652 = 2.348) would keep.
-// Then top-nσ and XTC on the split path (a cut within the chunks' lists, and one below them:
-// the general fallback) and on the fused path, over random masked rows, against the CPU.
+// Then top-nσ (the fused path, whatever the top-k) and XTC (split and fused paths), narrow and
+// wide cuts, over random masked rows, against the CPU.
 TEST(CudaBackend, TopNSigmaAndXtcOnTheFastPaths) {
   auto gpu = Gpu();
   ASSERT_NE(gpu, nullptr);
@@ -344,12 +344,12 @@ TEST(CudaBackend, TopNSigmaAndXtcOnTheFastPaths) {
   SamplingParams c = b;
   c.top_k = 200;  // the fused path
   SamplingParams d = a;
-  d.top_n_sigma = 3.0f;  // thousands kept: the split path's lists miss some, the general fallback
+  d.top_n_sigma = 3.0f;  // thousands kept
   SamplingParams e = b;
-  e.top_n_sigma = 1.5f;  // both on the split path
+  e.top_n_sigma = 1.5f;  // both
   e.top_k = 30;
   SamplingParams f = a;
-  f.top_k = -1;  // the fused path's cut
+  f.top_k = -1;
   for (const SamplingParams& params : {a, b, c, d, e, f}) {
     HostLogits logits(6, vocab, seed, 3.0f);
     std::vector<std::string> masks;

@@ -79,10 +79,9 @@ struct RowJob {
   int32_t q_check;
   // Issue 50 (SPEC 3 steps 4 and 8, SPEC 7). XTC acts on the kept set, which every path
   // holds (FinishCandidates, or the general algorithm); top-nσ needs the whole row's mean and
-  // deviation: the fused path's resident row gives them, the split path's chunks leave their
-  // moments for the finisher; RAW logprobs take the general algorithm's whole-row selections
-  // (the fused path hands them to its general fallback). top_n_sigma and xtc are ignored for
-  // kRowPrompt.
+  // deviation, which the fused path's resident row gives (the split path does not take it);
+  // RAW logprobs are reported by LaunchRawRows after the paths (by the general algorithm on the
+  // three-launch path). top_n_sigma and xtc are ignored for kRowPrompt.
   float top_n_sigma;        // > 0: keep x >= max - n * sigma of the finite x after step 4
   int32_t xtc;              // 1: this row's XTC draw fired (the host's XtcUniform < probability)
   float xtc_threshold;
@@ -195,14 +194,15 @@ cudaError_t LaunchFusedRows(const StepParams& params, cudaStream_t stream);
 cudaError_t LaunchRawRows(const StepParams& params, cudaStream_t stream);
 
 // Whether a job takes the split path: 1 <= top_k <= kSplitMaxK (and < V), no force top-N,
-// at most 2048 candidates in all (chunks * top_k). Needs
-// FusedPathFits(vocab_size). (Top-nσ rows take it: the chunks leave their moments, and a row
-// whose cut falls below some chunk's list runs the general algorithm.)
+// at most 2048 candidates in all (chunks * top_k), no top-nσ (its cut needs the whole row's
+// deviation before the candidates' mass: the fused path's resident row has it). Needs
+// FusedPathFits(vocab_size).
 inline bool SplitPathEligible(const RowJob& job, int32_t vocab_size) {
   const int chunks = (vocab_size + kSplitChunk - 1) / kSplitChunk;
   const bool force = job.kind != kRowPrompt && job.force_top_n > 0 && job.force_top_n < vocab_size;
+  const bool sigma = job.kind != kRowPrompt && job.top_n_sigma > 0.0f;
   return job.top_k >= 1 && job.top_k <= kSplitMaxK && job.top_k < vocab_size && !force &&
-         chunks * job.top_k <= 2048;
+         !sigma && chunks * job.top_k <= 2048;
 }
 [[nodiscard]] size_t SplitScratchBytes(int32_t num_split, int32_t vocab_size);
 cudaError_t LaunchSplitRows(const StepParams& params, cudaStream_t stream);

@@ -187,34 +187,6 @@ __device__ void UpdateChunkValues(const StepParams& p, const RowJob& job, int lo
   }
 }
 
-// Top-nσ: the count, mean and squared deviation of a chunk's finite x (in shared memory; -inf
-// past its end), two passes, each thread its fixed columns, then fixed block trees. Not
-// inlined: the chunk kernel calls it once its registers are free.
-static __device__ __noinline__ SigmaMoments ChunkMoments(const float* xs, double* scratch) {
-  double sum = 0.0, n_finite = 0.0;
-  for (int i = threadIdx.x; i < kSplitChunk; i += kSplitThreads) {
-    const float v = xs[i];
-    if (v != kNegInf) {
-      sum += v;
-      n_finite += 1.0;
-    }
-  }
-  SigmaMoments moments;
-  moments.n = BlockReduce(n_finite, SumOp(), scratch);
-  sum = BlockReduce(sum, SumOp(), scratch);
-  moments.mean = moments.n > 0.0 ? sum / moments.n : 0.0;
-  double m2 = 0.0;
-  for (int i = threadIdx.x; i < kSplitChunk; i += kSplitThreads) {
-    const float v = xs[i];
-    if (v != kNegInf) {
-      const double d = static_cast<double>(v) - moments.mean;
-      m2 += d * d;
-    }
-  }
-  moments.m2 = BlockReduce(m2, SumOp(), scratch);
-  return moments;
-}
-
 // A chunk block (and, if it is its row's last, the row's finisher). Barriers: S1 publishes
 // each warp's extremes and its sorted thread maxima; S2 the chunk's threshold; S3 the
 // collected tokens. (A persistent grid looping over chunks, fetching the next one by cp.async
@@ -234,8 +206,6 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
   __shared__ int collected;
   __shared__ float threshold;
   __shared__ int last;
-  __shared__ double sigma_scratch[32];
-  __shared__ float ranked_kth_s;
   float* const coll_x = smem.chunk.coll_x;
   int* const coll_id = smem.chunk.coll_id;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -332,18 +302,8 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
     }
   };
   const float s_min = t_x / T;
-  // Every token of the chunk with x >= listed_x is listed (top-nσ's finisher needs to know
-  // whether its survivors all are): x_lo, -inf when every finite token is, +inf (unknown)
-  // on the score-by-score way and when the list is ranked down to K (listed_s says then).
-  // (Stored by thread 0 at once, like the moments, so that nothing stays live below.)
-  SplitPartial& part = layout.partials[it.slot];
-  if (threadIdx.x == 0) {
-    part.listed_x = INFINITY;
-    part.listed_s = INFINITY;
-  }
   if (t_x == kNegInf || fabsf(s_min) >= FLT_MIN) {
     const float x_lo = t_x == kNegInf ? -FLT_MAX : t_x - fabsf(t_x) * 0x1.0p-20f - 1e-30f;
-    if (threadIdx.x == 0) part.listed_x = t_x == kNegInf ? kNegInf : x_lo;
 #pragma unroll
     for (int r = 0; r < kChunkValues; ++r) {
       if (x[r] >= x_lo) collect(r);
@@ -358,27 +318,8 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
       if (x[r] != kNegInf && x[r] / T >= s_min) collect(r);
     }
   }
-  // Top-nσ rows (block-uniform): the chunk's values into shared memory now, their moments
-  // after S3 from there, when the registers are free (computed from the registers, the
-  // moments' doubles made ptxas spill 5x more in every row's kernel).
-  const bool sigma = job.kind != kRowPrompt && job.top_n_sigma > 0.0f;
-  if (sigma) {
-    float* xs = smem.chunk.xs;
-#pragma unroll
-    for (int k = 0; k < kChunkValues / G; ++k) {
-#pragma unroll
-      for (int h = 0; h < G; h += 4) {
-        *reinterpret_cast<float4*>(xs + ChunkColumn<G>(k * G) + h) =
-            make_float4(x[k * G + h], x[k * G + h + 1], x[k * G + h + 2], x[k * G + h + 3]);
-      }
-    }
-  }
   __syncthreads();  // S3
   stage(13);
-  if (sigma) {
-    const SigmaMoments moments = ChunkMoments(smem.chunk.xs, sigma_scratch);
-    if (threadIdx.x == 0) part.moments = moments;
-  }
   const int nc = collected;
   int count;
   if (nc > kSplitCapacity) {
@@ -403,23 +344,13 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
             layout.cand_x[it.slot * kSplitMaxK + r] = coll_x[a];
             layout.cand_id[it.slot * kSplitMaxK + r] = coll_id[a];
           }
-          if (r == K - 1) ranked_kth_s = coll_x[a] / T;
         });
     count = K;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      part.listed_x = INFINITY;  // only the first K by (s desc, id asc): every token with s > it
-      part.listed_s = ranked_kth_s;
-    }
   }
   if (threadIdx.x == 0) {
     float z = warp_z[0];
     for (int w = 1; w < kSplitWarps; ++w) z += warp_z[w];
-    part.max_x = m;  // its listing bounds and moments are written above
-    part.min_x = mn;
-    part.z = z;
-    part.bad = bad;
-    part.count = count;
+    layout.partials[it.slot] = SplitPartial{m, mn, z, bad, count};
   }
   stage(14);
   // Arrival: every thread's writes reach the device before thread 0 counts this chunk in

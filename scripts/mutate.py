@@ -184,18 +184,13 @@ GPU_MUTANTS = [
     ("gpu-raw-top-processed", "cuda/kernels/general.cuh",
      "out.top_logprobs[i] = sh.sel_id < 0 ? kNegInf : raw ? raw_lp(sh.sel_id) : lp_of(sh.sel_id);",
      "out.top_logprobs[i] = sh.sel_id < 0 ? kNegInf : lp_of(sh.sel_id);", 0),
-    # Issue 50 on the fused and split paths: top-nσ's cut on the resident row and over the
-    # chunks' lists, XTC in the candidates' finish.
+    # Issue 50 on the fused and split paths: top-nσ's cut on the resident row, XTC in the
+    # candidates' finish.
     ("gpu-fused-sigma-sample-variance", "cuda/fused_path.cu",
      "static_cast<double>(job.top_n_sigma) * sqrt(deviation[0] / finite);",
      "static_cast<double>(job.top_n_sigma) * sqrt(deviation[0] / (finite - 1.0));", 0),
     ("gpu-fused-sigma-fallback-keeps-the-cut", "cuda/fused_path.cu",
      "    fallback(sigma);  // a top-nσ row's xs holds the cut", "    fallback(false);  // a top-nσ row's xs holds the cut", 0),
-    ("gpu-split-sigma-assumes-complete", "cuda/kernels/split_finish.cuh",
-     "  *complete = all;", "  *complete = 1;", 0),
-    ("gpu-split-sigma-normaliser-uncut", "cuda/kernels/split_finish.cuh",
-     "    z = static_cast<double>(BlockReduce(local, SumOp(), sh.scratch_u)) / kMassScale;",
-     "    z = row.z + 0.0 * static_cast<double>(BlockReduce(local, SumOp(), sh.scratch_u));", 0),
     ("gpu-finish-xtc-removes-the-last-too", "cuda/kernels/finish.cuh",
      "return !(weight(i) / Zk >= limit); }) - 1;", "return !(weight(i) / Zk >= limit); });", 0),
     # Issue 50's RAW logprobs on the fast paths (RawLogprobsKernel).

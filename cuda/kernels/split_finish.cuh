@@ -25,21 +25,12 @@ constexpr int kSplitCapacity = 512;   // tokens a chunk may collect before it ov
 // remain, then ranks those against each other.
 constexpr int kSplitSurvivors = 128;
 
-// A chunk's count, mean and sum of squared deviations of its finite x (top-nσ rows only;
-// zeros otherwise), combined over the chunks by Chan's formula.
-struct SigmaMoments {
-  double n, mean, m2;
-};
-
 struct SplitPartial {
   float max_x;    // the chunk's max of x (-inf: nothing finite in it)
   float min_x;    // the chunk's least finite x (+inf: nothing finite in it)
   float z;        // sum over the chunk of exp2((x - max_x) * log2(e) / T)
   int32_t bad;    // RowStatus bits: NaN / +inf in a real column, a penalty overflow
   int32_t count;  // tokens listed (a superset of the chunk's top_k), or -1: a flat chunk
-  // Every token of the chunk with x >= listed_x, or with s = x / T > listed_s, is listed.
-  float listed_x, listed_s;
-  SigmaMoments moments;
 };
 
 // Where each split job's partials and lists live in p.split_scratch (SplitScratchBytes).
@@ -62,36 +53,7 @@ struct SplitLayout {
 // Another block's partial, from L2 (this SM's L1 is not coherent with the writer's).
 __device__ __forceinline__ SplitPartial LoadPartial(const SplitPartial* q) {
   return SplitPartial{__ldcg(&q->max_x), __ldcg(&q->min_x), __ldcg(&q->z), __ldcg(&q->bad),
-                      __ldcg(&q->count), 0.0f, 0.0f, SigmaMoments{0.0, 0.0, 0.0}};
-}
-
-// Top-nσ over the split path's chunks (SPEC 3 step 4): the chunks' moments combined in chunk
-// order (Chan et al.'s pairwise update, no cancellation between chunks), the floor
-// M - n * sigma, and whether every chunk's list holds all its tokens at or above the floor
-// (else survivors' mass would be missing from top-p's normaliser: the caller takes the
-// general algorithm). One thread.
-__device__ __forceinline__ void SigmaFloor(const SplitPartial* parts, int C, float x_max, float T,
-                                           float top_n_sigma, double* floor, int* complete) {
-  double n = 0.0, mean = 0.0, m2 = 0.0;
-  for (int c = 0; c < C; ++c) {
-    const SigmaMoments b{__ldcg(&parts[c].moments.n), __ldcg(&parts[c].moments.mean),
-                         __ldcg(&parts[c].moments.m2)};
-    if (b.n == 0.0) continue;
-    const double total = n + b.n, delta = b.mean - mean;
-    mean += delta * (b.n / total);
-    m2 += b.m2 + delta * delta * (n * b.n / total);
-    n = total;
-  }
-  const double f = static_cast<double>(x_max) - static_cast<double>(top_n_sigma) * sqrt(m2 / n);
-  // x >= f implies x >= f_down (the largest float <= f), so s = x / T >= f_down / T.
-  const float f_down = __double2float_rd(f);
-  int all = 1;
-  for (int c = 0; c < C; ++c) {
-    const float listed_x = __ldcg(&parts[c].listed_x), listed_s = __ldcg(&parts[c].listed_s);
-    all &= (f >= static_cast<double>(listed_x)) || (__fdiv_rn(f_down, T) > listed_s);
-  }
-  *floor = f;
-  *complete = all;
+                      __ldcg(&q->count)};
 }
 
 // (s, id) ranks before (t, jd) in the order "s desc, id asc".
@@ -138,9 +100,6 @@ struct SplitFinishSmem {
   int cut_digit, cut_done;
   float s_min;                      // the bound's score (SplitFinishRow)
   int survived;
-  int removed, overflow;            // GatherUnion: entries top-nσ cut; a kept s out of range
-  double sigma_floor;               // SigmaFloor's, for the block
-  int sigma_complete;
 };
 
 // Bitonic merges in one warp's registers, for the chunk's threshold: the largest 64 of the
@@ -210,7 +169,7 @@ __device__ __forceinline__ void CombinePartials(const SplitPartial* parts, int C
                                                 SplitFinishSmem& fs, SplitRowSummary& row) {
   if (threadIdx.x >= 32) return;
   const int lane = threadIdx.x;
-  const SplitPartial none{kNegInf, INFINITY, 0.0f, 0, 0, 0.0f, 0.0f, SigmaMoments{0.0, 0.0, 0.0}};
+  const SplitPartial none{kNegInf, INFINITY, 0.0f, 0, 0};
   const SplitPartial q0 = lane < C ? LoadPartial(parts + lane) : none;
   const SplitPartial q1 = lane + 32 < C ? LoadPartial(parts + lane + 32) : none;
   float x_max = fmaxf(q0.max_x, q1.max_x), x_min = fminf(q0.min_x, q1.min_x);
@@ -289,11 +248,8 @@ __device__ __forceinline__ void KthBound(float (*merged)[64], int K, float T, Sp
 // (as the CPU takes them) in u_s, ids in u_id, each list at its fs.list_base. Four slots a
 // thread per round, their loads issued before any is used (one L2 latency a round instead of
 // four; C <= 16 chunks is one round).
-// Top-nσ rows: an entry with x < `floor` (float64) is cut (s = -inf, counted in fs.removed);
-// a kept one whose s leaves the float32 range sets fs.overflow (SPEC 3: only kept values must
-// stay in range). Other rows pass floor = -inf.
 __device__ __forceinline__ void GatherUnion(const SplitLayout& layout, int split_index, float T,
-                                            double floor, SplitFinishSmem& fs, float* u_s, int* u_id) {
+                                            const SplitFinishSmem& fs, float* u_s, int* u_id) {
   const int C = layout.chunks;
   constexpr int kLoadBatch = 4;
   const int64_t row_slots = static_cast<int64_t>(split_index) * C * kSplitMaxK;
@@ -314,15 +270,8 @@ __device__ __forceinline__ void GatherUnion(const SplitLayout& layout, int split
 #pragma unroll
     for (int b = 0; b < kLoadBatch; ++b) {
       if (at[b] >= 0) {
-        const bool cut = static_cast<double>(xv[b]) < floor;
-        const float s = xv[b] / T;
-        u_s[at[b]] = cut ? kNegInf : s;
+        u_s[at[b]] = xv[b] / T;
         u_id[at[b]] = idv[b];
-        if (cut) {
-          atomicAdd(&fs.removed, 1);
-        } else if (isinf(s)) {
-          fs.overflow = 1;
-        }
       }
     }
   }
@@ -339,7 +288,7 @@ __device__ __forceinline__ int SelectSurvivors(SplitFinishSmem& fs, int listed, 
   {
     const float s_min = fs.s_min;
     for (int e = threadIdx.x; e < listed; e += blockDim.x) {
-      if (u_s[e] >= s_min && u_s[e] != kNegInf) {  // -inf: cut by top-nσ
+      if (u_s[e] >= s_min) {
         const int at = atomicAdd(&fs.survived, 1);
         if (at < kSplitSurvivors) survivors[at] = e;
       }
@@ -452,31 +401,16 @@ static __device__ __noinline__ void SplitFinishRow(const StepParams& p, int spli
     if (timed && threadIdx.x == 0) ProbeTimes()[k] = GlobalTimer();
   };
   stage(15);
-  const SplitPartial* parts = layout.partials + static_cast<int64_t>(split_index) * C;
-  if (threadIdx.x == 0) {
-    fs.removed = 0;
-    fs.overflow = 0;
-  }
-  CombinePartials(parts, C, T, fs, row);
+  CombinePartials(layout.partials + static_cast<int64_t>(split_index) * C, C, T, fs, row);
   __syncthreads();
   const float x_max = row.x_max;
-  // A top-nσ row: only the kept values must stay in range at T (checked over the union below,
-  // which holds them all, or by the general algorithm); its max always is kept.
-  const bool sigma = job.kind != kRowPrompt && job.top_n_sigma > 0.0f;
-  const int32_t fault = RowFault(row.bad, sigma ? INFINITY : row.x_min, x_max, T, /*check_temperature=*/true);
+  const int32_t fault = RowFault(row.bad, row.x_min, x_max, T, /*check_temperature=*/true);
   if (fault != 0) {
     if (threadIdx.x == 0) out.status = fault;
     return;
   }
-  double floor = -INFINITY;
-  if (sigma && !row.flat) {
-    if (threadIdx.x == 0) SigmaFloor(parts, C, x_max, T, job.top_n_sigma, &fs.sigma_floor, &fs.sigma_complete);
-    __syncthreads();
-    floor = fs.sigma_floor;
-  }
-  if (row.flat || (sigma && !fs.sigma_complete)) {
-    // A flat row, or a top-nσ row whose survivors some list may miss: x into the workspace
-    // (steps 1-3 again), then the general algorithm (which cuts x at M - n * sigma itself).
+  if (row.flat) {
+    // A flat row: x into the workspace (steps 1-3 again), then the general algorithm.
     float* x = p.workspace + static_cast<int64_t>(j) * V;
     int bad;
     float m, mn;
@@ -495,7 +429,7 @@ static __device__ __noinline__ void SplitFinishRow(const StepParams& p, int spli
   float* u_s = sh.cand_key;
   int* u_id = reinterpret_cast<int*>(sh.cum);
   int* survivors = u_id + kCandidateCapacity;
-  GatherUnion(layout, split_index, T, floor, fs, u_s, u_id);
+  GatherUnion(layout, split_index, T, fs, u_s, u_id);
   if (threadIdx.x == 0) {
     fs.cut_prefix = 0;
     fs.cut_mask = 0;
@@ -503,29 +437,14 @@ static __device__ __noinline__ void SplitFinishRow(const StepParams& p, int spli
     fs.survived = 0;
   }
   __syncthreads();
-  double z = row.z;
-  if (sigma) {
-    if (fs.overflow) {
-      if (threadIdx.x == 0) out.status = kRowOverflow;
-      return;
-    }
-    // Top-p's normaliser over the kept tokens, all of them in the union: fixed-point mass, so
-    // the sum does not depend on the lists' slot order.
-    const float M = x_max / T;
-    unsigned long long local = 0;
-    for (int e = threadIdx.x; e < listed; e += blockDim.x) {
-      if (u_s[e] != kNegInf) local += ToMass(expf(u_s[e] - M));
-    }
-    z = static_cast<double>(BlockReduce(local, SumOp(), sh.scratch_u)) / kMassScale;
-  }
   KthBound(merged, K, T, fs);
   __syncthreads();
   const int n_survivors = SelectSurvivors(fs, listed, K, u_s, survivors);
   RankTopK(sh, u_s, u_id, survivors, n_survivors, K);
   __syncthreads();
-  const int n_cand = min(listed - fs.removed, K);
+  const int n_cand = min(listed, K);
   stage(16);
-  FinishCandidates(sh, job, out, V, x_max / T, z, n_cand, /*sorted=*/true);
+  FinishCandidates(sh, job, out, V, x_max / T, row.z, n_cand, /*sorted=*/true);
   __syncthreads();
   stage(17);
 }
