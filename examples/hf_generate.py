@@ -106,8 +106,40 @@ def _requests(prompts, params, out, live):
     return requests
 
 
+def _needs_history(p):
+    """Whether a request's parameters read its token history (penalties, DRY, bad words,
+    min_tokens). A step where none does is sent as arrays (_step): no Python object and no
+    history per sequence, which at B = 64 cost more host time a step than samplerd's step."""
+    return bool(p.repetition_penalty not in (None, 1.0) or p.presence_penalty or
+                p.frequency_penalty or p.dry_multiplier or p.bad_words or p.min_tokens)
+
+
+def _step(client, logits, prompts, params, out, live, **kw):
+    """The step's SampleRequest: arrays (client.build_batch, answered as a BatchResult) unless
+    some live sequence's parameters need its history, then one request object a sequence."""
+    if any(_needs_history(params[i]) for i in live):
+        return client.build(logits, _requests(prompts, params, out, live), **kw)
+    return client.build_batch(
+        logits, "decode" if out[live[0]].tokens else "prefill", live,
+        params=[params[i] for i in live],
+        sample_positions=[len(prompts[i]) + len(out[i].tokens) for i in live],
+        request_id_prefix="seq", **kw)
+
+
 def _record(out, params, live, results):
-    """Appends each live sequence's token (raises if its request failed)."""
+    """Appends each live sequence's token (raises if its request failed), from a StepResult
+    or a BatchResult (one token a request, top lists padded to the step's longest)."""
+    if isinstance(results, samplerd.BatchResult):
+        results.raise_for_errors()
+        tokens, logprobs = results.token_ids.tolist(), results.logprobs.tolist()
+        for k, i in enumerate(live):
+            out[i].tokens.append(tokens[k])
+            out[i].logprobs.append(logprobs[k])
+            n = params[i].top_logprobs
+            if n:
+                out[i].top_ids.append(results.top_token_ids[k, :n])
+                out[i].top_logprobs.append(results.top_logprobs[k, :n])
+        return
     for i, result in zip(live, results):
         out[i].tokens.append(int(result.token_ids[0]))
         out[i].logprobs.append(float(result.logprobs[0]))
@@ -139,8 +171,8 @@ def generate(client, model, prompts, params, max_new_tokens=32, stop_token_ids=(
             if device_tokens:
                 return _generate_ahead(client, model, prompts, params, max_new_tokens,
                                        stop_token_ids, pad, steps, pool)
-            return _generate_in_step(model, prompts, params, max_new_tokens, stop_token_ids,
-                                     pad, steps, pool)
+            return _generate_in_step(client, model, prompts, params, max_new_tokens,
+                                     stop_token_ids, pad, steps, pool)
     finally:
         pool.close()
 
@@ -152,14 +184,16 @@ def _forward(model, pool, ids, mask, positions, cache):
     return getattr(step, cache_keyword(model)), logits
 
 
-def _generate_in_step(model, prompts, params, max_new_tokens, stop_token_ids, pad, steps, pool):
+def _generate_in_step(client, model, prompts, params, max_new_tokens, stop_token_ids, pad, steps,
+                      pool):
     """The synchronous loop: each step's answer, then its tokens to the device."""
     ids, mask, positions = left_pad(prompts, pad, model.device)
     out = [Generated() for _ in prompts]
     live, cache = list(range(len(prompts))), None
     while live:
         cache, logits = _forward(model, pool, ids, mask, positions, cache)
-        _record(out, params, live, steps.step(logits, _requests(prompts, params, out, live)))
+        steps.send(_step(client, logits, prompts, params, out, live))
+        _record(out, params, live, steps.receive())
         next_ids = [pad] * len(prompts)
         for i in live:
             next_ids[i] = out[i].tokens[-1]
@@ -183,8 +217,8 @@ def _generate_ahead(client, model, prompts, params, max_new_tokens, stop_token_i
     cache, logits = _forward(model, pool, ids, mask, positions, None)
     index = {}  # the live rows as a device index, made once per live set
     try:
-        steps.send(client.build(logits, _requests(prompts, params, out, live),
-                                output=tokens.next(len(live))))
+        steps.send(_step(client, logits, prompts, params, out, live,
+                         output=tokens.next(len(live))))
         while True:
             sent = live
             # Step N+1's forward, queued before step N's answer is read (unless no sequence
@@ -209,8 +243,8 @@ def _generate_ahead(client, model, prompts, params, max_new_tokens, stop_token_i
                     and len(out[i].tokens) < max_new_tokens]
             if not live:
                 return out
-            steps.send(client.build(logits, _requests(prompts, params, out, live),
-                                    output=tokens.next(len(live))))
+            steps.send(_step(client, logits, prompts, params, out, live,
+                             output=tokens.next(len(live))))
     finally:
         torch.cuda.synchronize(device)
         client.unregister(tokens.region.name)

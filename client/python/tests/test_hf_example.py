@@ -5,6 +5,7 @@ processors, and the rejection-sampling theorem.
 Tiny Llamas at random weights, made here (no download); the real server on the CPU backend,
 logits by shared memory. Each test prints what it found (run pytest with -s to see it).
 """
+import dataclasses
 import math
 import pathlib
 import sys
@@ -102,6 +103,29 @@ def test_seeded_sampling_is_reproducible_and_batch_invariant(client, model):
     other = generate(client, model, PROMPTS[:1], [samplerd.SamplingParams(
         temperature=0.9, top_p=0.9, seed=999)], max_new_tokens=20)
     assert other[0].tokens != first[0].tokens
+
+
+def test_array_steps_answer_as_request_objects(client, model, monkeypatch):
+    """generate() sends a step as arrays (client.build_batch) when no sequence's parameters read
+    its history, else one request object a sequence (issue 46). min_tokens = 1 with no stop ids
+    changes no distribution but needs the history, so it takes the second form: both forms give
+    the same tokens, logprobs and top lists; only the first goes through build_batch."""
+    batches = []
+    build_batch = client.build_batch
+    monkeypatch.setattr(client, "build_batch",
+                        lambda *a, **kw: batches.append(1) or build_batch(*a, **kw))
+    arrays = [samplerd.SamplingParams(temperature=0.8, top_k=40, top_logprobs=1 + i % 3,
+                                      seed=11 + i) for i in range(len(PROMPTS))]
+    objects = [dataclasses.replace(p, min_tokens=1) for p in arrays]
+    a = generate(client, model, PROMPTS, arrays, max_new_tokens=12)
+    steps = len(batches)
+    b = generate(client, model, PROMPTS, objects, max_new_tokens=12)
+    assert steps >= 12 and len(batches) == steps  # every step of the first run, none of the second
+    for x, y in zip(a, b):
+        assert x.tokens == y.tokens
+        assert x.logprobs == y.logprobs
+        assert [u.tolist() for u in x.top_ids] == [v.tolist() for v in y.top_ids]
+        assert [u.tolist() for u in x.top_logprobs] == [v.tolist() for v in y.top_logprobs]
 
 
 def test_logprobs_match_transformers_processors(client, model):
