@@ -2,9 +2,6 @@
 // every pass there; block 0 finishes from the candidates the cluster gathers.
 #include <cfloat>
 #include <cmath>
-#include <mutex>
-#include <vector>
-#include <algorithm>
 
 #include <cooperative_groups.h>
 
@@ -100,8 +97,9 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
   }
   cluster.sync();  // every block has read `part` before it is rewritten below
   stage(2);
-  // Force top-N rows go to the general algorithm, which checks the temperature itself. So does this path for top-nσ rows, after the cut below: only the
-  // values the cut keeps must stay in float32 range at temperature T (SPEC 3).
+  // Force top-N rows go to the general algorithm, which checks the temperature itself. So
+  // does this path for top-nσ rows, after the cut below: only the values the cut keeps must
+  // stay in float32 range at temperature T (SPEC 3).
   const bool force = !prompt && job.force_top_n > 0 && job.force_top_n < V;
   const bool sigma = !prompt && !force && job.top_n_sigma > 0.0f;
   const int32_t fault = RowFault(any_bad, x_min, x_max, job.temperature, !force && !sigma);
@@ -377,33 +375,6 @@ bool FusedPathFits(int32_t vocab_size) {
   return static_cast<size_t>(FusedChunk(vocab_size)) * sizeof(float) <= detail::kMaxFusedChunkBytes;
 }
 
-namespace {
-
-// Lets ClusterSampleKernel use up to kMaxFusedChunkBytes of dynamic shared memory on the
-// current device, once per device. The limit is an attribute of the function, shared by every
-// thread that launches it: set per launch to that launch's own size, as it once was, one
-// lane's smaller value could land between another lane's set and its launch, which then failed
-// with cudaErrorInvalidValue (issue 25: a V = 250 step beside V = 2 steps). The attribute only
-// caps what a launch may ask for; each launch still asks for its own chunk.
-cudaError_t AllowFusedSharedMemory() {
-  int device = 0;
-  cudaError_t error = cudaGetDevice(&device);
-  if (error != cudaSuccess) return error;
-  static std::mutex mu;
-  static std::vector<int> devices_done;
-  std::lock_guard<std::mutex> lock(mu);
-  if (std::find(devices_done.begin(), devices_done.end(), device) != devices_done.end()) {
-    return cudaSuccess;
-  }
-  error = cudaFuncSetAttribute(detail::ClusterSampleKernel,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(detail::kMaxFusedChunkBytes));
-  if (error == cudaSuccess) devices_done.push_back(device);
-  return error;
-}
-
-}  // namespace
-
 LaunchConfig FusedRowsConfig(const StepParams& params) {
   const int jobs = params.fused_jobs != nullptr ? params.num_fused : params.num_jobs;
   const size_t smem = static_cast<size_t>(FusedChunk(params.vocab_size)) * sizeof(float);
@@ -414,7 +385,8 @@ LaunchConfig FusedRowsConfig(const StepParams& params) {
 cudaError_t LaunchFusedRows(const StepParams& params, cudaStream_t stream) {
   const LaunchConfig config = FusedRowsConfig(params);
   if (config.grid.x == 0) return cudaSuccess;
-  const cudaError_t error = AllowFusedSharedMemory();
+  const cudaError_t error =
+      detail::AllowClusterSharedMemory(reinterpret_cast<const void*>(detail::ClusterSampleKernel));
   if (error != cudaSuccess) return error;
   detail::ClusterSampleKernel<<<config.grid, config.block, config.dynamic_smem, stream>>>(
       params, FusedChunk(params.vocab_size));

@@ -3,9 +3,6 @@
 // shared memory and overwrites the row's reported logprobs (token, top, prompt) with raw ones.
 #include <cfloat>
 #include <cmath>
-#include <mutex>
-#include <vector>
-#include <algorithm>
 
 #include <cooperative_groups.h>
 
@@ -255,29 +252,6 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kCluste
 
 }  // namespace detail
 
-namespace {
-
-// As the fused path's: the kernel may use up to kMaxFusedChunkBytes of dynamic shared memory,
-// set once per device (the attribute is the function's, shared by every launching thread).
-cudaError_t AllowRawSharedMemory() {
-  int device = 0;
-  cudaError_t error = cudaGetDevice(&device);
-  if (error != cudaSuccess) return error;
-  static std::mutex mu;
-  static std::vector<int> devices_done;
-  std::lock_guard<std::mutex> lock(mu);
-  if (std::find(devices_done.begin(), devices_done.end(), device) != devices_done.end()) {
-    return cudaSuccess;
-  }
-  error = cudaFuncSetAttribute(detail::RawLogprobsKernel,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(detail::kMaxFusedChunkBytes));
-  if (error == cudaSuccess) devices_done.push_back(device);
-  return error;
-}
-
-}  // namespace
-
 LaunchConfig RawRowsConfig(const StepParams& params) {
   const size_t smem = static_cast<size_t>(FusedChunk(params.vocab_size)) * sizeof(float);
   return LaunchConfig{"RawLogprobsKernel", dim3(params.num_raw * detail::kClusterBlocks),
@@ -287,7 +261,8 @@ LaunchConfig RawRowsConfig(const StepParams& params) {
 cudaError_t LaunchRawRows(const StepParams& params, cudaStream_t stream) {
   if (params.num_raw == 0) return cudaSuccess;
   const LaunchConfig config = RawRowsConfig(params);
-  const cudaError_t error = AllowRawSharedMemory();
+  const cudaError_t error =
+      detail::AllowClusterSharedMemory(reinterpret_cast<const void*>(detail::RawLogprobsKernel));
   if (error != cudaSuccess) return error;
   detail::RawLogprobsKernel<<<config.grid, config.block, config.dynamic_smem, stream>>>(
       params, FusedChunk(params.vocab_size));
