@@ -7,7 +7,9 @@
 // device), median of 50 runs after 5 warm-ups, for V = 129,280, T = 0.7, top_p = 0.95,
 // top_k = 50, top-5 logprobs: R = 1, 16 (PREFILL), 384 (DECODE, 64 x 6 rows, dense drafts) and
 // 8192 (prompt logprobs), fp32 and bf16. Each as a fraction of the HBM bandwidth measured in
-// the same run by a large device-to-device copy.
+// the same run by a large device-to-device copy. "queued": the same kernel time with the step
+// sent behind a producer's ready event, its launches queued before the logits are ready (as a
+// worker's asynchronous loop sends it), so no launch latency falls between the events.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -242,16 +244,32 @@ int Main(int argc, char** argv) {
       {"decode R=384 +adjust", StepKind::kDecode, 384, DType::kFloat32, true,
        "decode R=384 (64x6)"},
   };
+  // Issue 49's second figure: the same step queued behind a producer's ready event, as a
+  // worker in the asynchronous loop sends it (its forward still running when samplerd
+  // launches). The forward: a 1 GiB memset on another stream (~0.3 ms on an H200), which
+  // outlasts Sample()'s host work for every R here but 8,192, so the step's copy and launches
+  // are queued before the logits are ready and the events bracket no launch latency.
+  const size_t forward_bytes = size_t{1} << 30;
+  void* forward_buffer;
+  SAMPLERD_CUDA_CHECK(cudaMalloc(&forward_buffer, forward_bytes));
+  cudaStream_t producer;
+  cudaEvent_t ready;
+  SAMPLERD_CUDA_CHECK(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
+  SAMPLERD_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+  auto forward = [&](int i) {
+    SAMPLERD_CUDA_CHECK(cudaMemsetAsync(forward_buffer, i, forward_bytes, producer));
+    SAMPLERD_CUDA_CHECK(cudaEventRecord(ready, producer));
+  };
   struct Row {
     std::string name;
-    double us, floor_us;
+    double us, queued_us, floor_us;
     std::string dtype;
     int rows;
     std::string plain;  // Config::plain
   };
   std::vector<Row> rows_out;
-  std::printf("%-22s %12s %12s %14s %14s %10s\n", "config", "kernel us", "GB/s read", "% of copy BW",
-              "fused-only us", "speedup");
+  std::printf("%-22s %12s %12s %14s %14s %10s %10s\n", "config", "kernel us", "GB/s read",
+              "% of copy BW", "fused-only us", "speedup", "queued us");
   std::printf("(split stages: chunk 0 of row 0 from its start: load, reductions, threshold, "
               "collect, end; its row's finishing block: start, merged, end)\n");
   for (const Config& c : configs) {
@@ -286,6 +304,10 @@ int Main(int argc, char** argv) {
     (*gpu)->set_split_path(false);
     const double fused_us = MedianKernelUs(**gpu, step);
     (*gpu)->set_split_path(true);
+    step.logits.ready_event = ready;
+    double queued_wall_us;
+    const double queued_us = MedianSample(**gpu, step, 50, forward, &queued_wall_us);
+    step.logits.ready_event = nullptr;
     auto timer = std::make_shared<cuda::StageTimer>();
     (*gpu)->set_launch_probe(timer);
     MedianKernelUs(**gpu, step);
@@ -293,10 +315,10 @@ int Main(int argc, char** argv) {
     std::string stages;
     for (double t : timer->last_stage_us()) stages += absl::StrFormat(" %.1f", t);
     const double gbs = bytes / (us * 1e-6) / 1e9;
-    std::printf("%-22s %12.1f %12.0f %13.1f%% %14.1f %9.2fx   split stages us:%s\n",
+    std::printf("%-22s %12.1f %12.0f %13.1f%% %14.1f %9.2fx %10.1f   split stages us:%s\n",
                 c.name.c_str(), us, gbs, 100.0 * gbs * 1e9 / bandwidth, fused_us, fused_us / us,
-                stages.c_str());
-    rows_out.push_back({c.name, us, bytes / bandwidth * 1e6,
+                queued_us, stages.c_str());
+    rows_out.push_back({c.name, us, queued_us, bytes / bandwidth * 1e6,
                         c.dtype == DType::kFloat32 ? "fp32" : "bf16", c.rows, c.plain});
     cudaFree(device);
   }
@@ -316,24 +338,13 @@ int Main(int argc, char** argv) {
       return MedianSample(**gpu, step, steps, before, wall_us);
     };
     // As a GPU worker sends a step (examples/hf_generate.py): right after queueing its forward
-    // pass, with a ready event that samplerd's stream waits on; the host work of Sample()
-    // (DRY's included) then runs while the forward does. The forward here: a 1 GiB memset on
-    // another stream (~0.3 ms on an H200, a small model's decode step). The time is from
-    // queueing the forward to the step's results.
-    const size_t forward_bytes = size_t{1} << 30;
-    void* forward_buffer;
-    SAMPLERD_CUDA_CHECK(cudaMalloc(&forward_buffer, forward_bytes));
-    cudaStream_t producer;
-    cudaEvent_t ready;
-    SAMPLERD_CUDA_CHECK(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking));
-    SAMPLERD_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    // pass (`forward` above), with a ready event that samplerd's stream waits on; the host work
+    // of Sample() (DRY's included) then runs while the forward does. The time is from queueing
+    // the forward to the step's results.
     auto forward_then_step = [&](Step step) {
       step.logits.ready_event = ready;
       double wall_us;
-      median_of(step, 50, [&](int i) {
-        SAMPLERD_CUDA_CHECK(cudaMemsetAsync(forward_buffer, i, forward_bytes, producer));
-        SAMPLERD_CUDA_CHECK(cudaEventRecord(ready, producer));
-      }, &wall_us);
+      median_of(step, 50, forward, &wall_us);
       return wall_us;
     };
     std::vector<double> pk, dk, pw, dw, pf, df;
@@ -354,9 +365,6 @@ int Main(int argc, char** argv) {
                 kBenchDryContext, Median(dk), Median(pk), 100.0 * (Median(dk) / Median(pk) - 1.0),
                 Median(dw), Median(pw), 100.0 * (Median(dw) / Median(pw) - 1.0), Median(df),
                 Median(pf), 100.0 * (Median(df) / Median(pf) - 1.0));
-    cudaEventDestroy(ready);
-    cudaStreamDestroy(producer);
-    cudaFree(forward_buffer);
     cudaFree(device);
   }
   // Issue 50's cost: PREFILL steps of R = 16 and 384 rows (fp32, V = kVocab, the benchmark's
@@ -504,19 +512,22 @@ int Main(int argc, char** argv) {
   }
   // Side by side: the read floor (the logits' bytes at the copy bandwidth measured above) and
   // FlashInfer's fastest path on the same R and dtype (a token per row only; gpu_bench's logits).
-  std::printf("\n%-22s %10s %10s %8s %14s %-14s %8s\n", "config", "samplerd", "read floor",
-              "x floor", "flashinfer us", "(path)", "fi / sd");
+  // "queued": the step behind a producer's ready event (above), its launches issued before the
+  // logits exist.
+  std::printf("\n%-22s %10s %10s %10s %8s %14s %-14s %8s\n", "config", "samplerd", "queued",
+              "read floor", "x floor", "flashinfer us", "(path)", "fi / sd");
   for (const Row& r : rows_out) {
     const auto it = flashinfer_best.find({r.dtype, r.rows});
-    if (it == flashinfer_best.end()) {
-      std::printf("%-22s %10.1f %10.1f %7.1fx %14s %-14s %8s\n", r.name.c_str(), r.us, r.floor_us,
-                  r.us / r.floor_us, "-", "", "-");
-    } else {
-      std::printf("%-22s %10.1f %10.1f %7.1fx %14.1f %-14s %7.2fx\n", r.name.c_str(), r.us,
-                  r.floor_us, r.us / r.floor_us, it->second.us, it->second.path.c_str(),
-                  it->second.us / r.us);
-    }
+    const std::string fi = it == flashinfer_best.end()
+                               ? absl::StrFormat("%14s %-14s %8s", "-", "", "-")
+                               : absl::StrFormat("%14.1f %-14s %7.2fx", it->second.us,
+                                                 it->second.path, it->second.us / r.us);
+    std::printf("%-22s %10.1f %10.1f %10.1f %7.1fx %s\n", r.name.c_str(), r.us, r.queued_us,
+                r.floor_us, r.us / r.floor_us, fi.c_str());
   }
+  cudaEventDestroy(ready);
+  cudaStreamDestroy(producer);
+  cudaFree(forward_buffer);
   return 0;
 }
 
