@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -27,6 +28,7 @@
 
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_check.h"
+#include "cuda/sampling_launch.h"
 #include "cuda/stage_timer.h"
 #include "sampler/validate.h"
 #include "sampler/dtype.h"
@@ -268,8 +270,9 @@ int Main(int argc, char** argv) {
     std::string plain;  // Config::plain
   };
   std::vector<Row> rows_out;
-  std::printf("%-22s %12s %12s %14s %14s %10s %10s\n", "config", "kernel us", "GB/s read",
-              "% of copy BW", "fused-only us", "speedup", "queued us");
+  std::printf("%-22s %12s %12s %14s %14s %10s %10s %10s %10s\n", "config", "kernel us",
+              "GB/s read", "% of copy BW", "fused-only us", "speedup", "queued us", "chunks us",
+              "stream us");
   std::printf("(split stages: chunk 0 of row 0 from its start: load, reductions, threshold, "
               "collect, end; its row's finishing block: start, merged, end)\n");
   for (const Config& c : configs) {
@@ -304,6 +307,13 @@ int Main(int argc, char** argv) {
     (*gpu)->set_split_path(false);
     const double fused_us = MedianKernelUs(**gpu, step);
     (*gpu)->set_split_path(true);
+    // The split path's two kernels on every R (the default picks by R): a block a chunk, and a
+    // block a row streaming its chunks.
+    (*gpu)->set_split_stream_rows(INT_MAX);
+    const double chunk_us = MedianKernelUs(**gpu, step);
+    (*gpu)->set_split_stream_rows(1);
+    const double stream_us = MedianKernelUs(**gpu, step);
+    (*gpu)->set_split_stream_rows(cuda::kSplitStreamRows);
     step.logits.ready_event = ready;
     double queued_wall_us;
     const double queued_us = MedianSample(**gpu, step, 50, forward, &queued_wall_us);
@@ -315,9 +325,9 @@ int Main(int argc, char** argv) {
     std::string stages;
     for (double t : timer->last_stage_us()) stages += absl::StrFormat(" %.1f", t);
     const double gbs = bytes / (us * 1e-6) / 1e9;
-    std::printf("%-22s %12.1f %12.0f %13.1f%% %14.1f %9.2fx %10.1f   split stages us:%s\n",
+    std::printf("%-22s %12.1f %12.0f %13.1f%% %14.1f %9.2fx %10.1f %10.1f %10.1f   split stages us:%s\n",
                 c.name.c_str(), us, gbs, 100.0 * gbs * 1e9 / bandwidth, fused_us, fused_us / us,
-                queued_us, stages.c_str());
+                queued_us, chunk_us, stream_us, stages.c_str());
     rows_out.push_back({c.name, us, queued_us, bytes / bandwidth * 1e6,
                         c.dtype == DType::kFloat32 ? "fp32" : "bf16", c.rows, c.plain});
     cudaFree(device);

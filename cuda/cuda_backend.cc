@@ -164,6 +164,7 @@ struct CudaBackend::Impl {
   absl::Mutex bench_mu;
   std::shared_ptr<cuda::LaunchProbe> probe ABSL_GUARDED_BY(bench_mu);
   bool split_path ABSL_GUARDED_BY(bench_mu) = true;
+  int split_stream_rows ABSL_GUARDED_BY(bench_mu) = cuda::kSplitStreamRows;
 };
 
 absl::Status CudaBackend::Impl::RunOnLane(cuda::Lane& lane, const Step& step,
@@ -211,6 +212,7 @@ absl::Status CudaBackend::Impl::RunOnLane(cuda::Lane& lane, const Step& step,
     absl::MutexLock lock(&bench_mu);
     held_probe = probe;
     launch.split_path = split_path;
+    launch.split_stream_rows = split_stream_rows;
   }
   launch.probe = held_probe.get();
   launch.output = output;  // PlanDeviceOutput: only for a step of one launch
@@ -273,6 +275,10 @@ void CudaBackend::set_launch_probe(std::shared_ptr<cuda::LaunchProbe> probe) {
 void CudaBackend::set_split_path(bool on) {
   absl::MutexLock lock(&impl_->bench_mu);
   impl_->split_path = on;
+}
+void CudaBackend::set_split_stream_rows(int rows) {
+  absl::MutexLock lock(&impl_->bench_mu);
+  impl_->split_stream_rows = rows;
 }
 
 absl::StatusOr<StepResult> CudaBackend::Sample(const StepPlan& plan) {

@@ -68,6 +68,9 @@ class CudaBackend final : public Backend {
   // small-top-k row on the fused path (the benchmark's within-run baseline). Set between steps.
   void set_launch_probe(std::shared_ptr<cuda::LaunchProbe> probe);
   void set_split_path(bool on);
+  // The split path's streaming kernel from `rows` split rows on (default kSplitStreamRows;
+  // INT_MAX: never, 1: always).
+  void set_split_stream_rows(int rows);
 
  private:
   struct Impl;

@@ -687,6 +687,112 @@ TEST(CudaBackend, SplitPathTiesOverflowAndPromptRowsMatchCpu) {
               tally.requests, tally.token_mismatches, tally.compared_logprobs);
 }
 
+// The split path's streaming kernel (a block a row over its chunks, the next chunk staged by
+// cp.async) computes each chunk exactly as a chunk block does, so its results must equal the
+// chunk blocks' bit for bit: flat rows, heavy ties, a tied block at the max, a mask, penalties
+// (rows with updates stage nothing), prompt rows, bf16, rows at addresses not 16-byte aligned
+// (V = 129,283: those load directly), a row's partial last chunk, DECODE with drafts, and the
+// benchmark's parameters. Each step also against the CPU with the streaming kernel.
+TEST(CudaBackend, SplitStreamKernelEqualsTheChunkBlocksBitForBit) {
+  auto gpu = Gpu();
+  ASSERT_NE(gpu, nullptr);
+  auto cpu = Cpu();
+  CompareTally tally;
+  int steps = 0;
+  auto both = [&](const Step& step, const std::string& what) {
+    gpu->set_split_stream_rows(std::numeric_limits<int>::max());
+    const StepResult chunks = RunStep(*gpu, step);
+    gpu->set_split_stream_rows(1);
+    const StepResult stream = RunStep(*gpu, step);
+    gpu->set_split_stream_rows(cuda::kSplitStreamRows);
+    EXPECT_TRUE(BitwiseSame(chunks, stream)) << what;
+    CompareWithCpu(RunStep(*cpu, step), stream, tally, what, step);
+    ++steps;
+  };
+  for (int32_t vocab : {8200, 129280, 129283}) {
+    const int rows = 8;
+    HostLogits logits(rows + 4, vocab, 41, 2.0f);
+    std::mt19937_64 rng(6);
+    for (int32_t c = 0; c < vocab; ++c) {
+      logits.Row(0)[c] = 0.0f;                                   // flat
+      logits.Row(1)[c] = static_cast<float>(rng() % 3);          // heavy ties
+      if (c % 97 == 0) logits.Row(2)[c] = 9.0f;                  // a tied block at the max
+    }
+    std::vector<uint16_t> half(logits.values.size());
+    for (size_t i = 0; i < half.size(); ++i) half[i] = FloatToBFloat16(logits.values[i]);
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      for (int32_t top_k : {1, 50}) {
+        Step step = MakeStep(StepKind::kPrefill, logits, vocab);
+        step.compute_sum_smaller_probs = true;
+        if (dtype == DType::kBFloat16) {
+          step.logits.dtype = dtype;
+          step.logits.data = half.data();
+        }
+        std::vector<std::string> masks;
+        masks.reserve(rows);
+        for (int r = 0; r < rows; ++r) {
+          RequestInputs req = PrefillRequest("r" + std::to_string(r), r, 70 + r + top_k, 9);
+          req.params.temperature = 0.7f;
+          req.params.top_p = 0.95f;
+          req.params.top_k = top_k;
+          req.params.top_logprobs = std::min(top_k, 5);
+          if (r == 4) {
+            std::vector<int32_t> allowed;
+            for (int32_t t = 0; t < vocab; t += 3) allowed.push_back(t);
+            masks.push_back(MaskOf(vocab, allowed));
+            req.allowed_token_masks = {masks.back()};
+          }
+          if (r == 5) {
+            req.params.repetition_penalty = 1.5f;
+            req.params.logit_bias = {{7, 3.0f}, {vocab - 1, 50.0f}};
+            req.output_token_ids = {1, 8199, 8192, 8191, 100};
+          }
+          step.requests.push_back(req);
+        }
+        RequestInputs p = PrefillRequest("p", rows + 3, 3);
+        p.prompt_first_row = rows;
+        for (int k = 0; k < 3; ++k) p.prompt_targets.push_back((k * 4099) % vocab);
+        p.params.temperature = 0.9f;
+        p.params.top_k = top_k;
+        step.requests.push_back(p);
+        both(step, "V=" + std::to_string(vocab) + " top_k=" + std::to_string(top_k) + " " +
+                       DTypeName(dtype));
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+  // DECODE with dense drafts, the benchmark's parameters, R = 64 x 4.
+  {
+    const int32_t vocab = 129280;
+    const int requests = 64, q = 4;
+    HostLogits logits(requests * q, vocab, 43, 2.0f);
+    HostLogits q_rows(requests * (q - 1), vocab, 44, 2.0f);
+    Step decode = MakeStep(StepKind::kDecode, logits, vocab);
+    for (int i = 0; i < requests; ++i) {
+      RequestInputs d;
+      d.request_id = "d" + std::to_string(i);
+      d.first_row = i * q;
+      d.num_rows = q;
+      d.sample_position = 31 + i;
+      d.params.seq_seed = 500 + i;
+      d.params.temperature = 0.7f;
+      d.params.top_p = 0.95f;
+      d.params.top_k = 50;
+      d.params.top_logprobs = 5;
+      for (int j = 0; j + 1 < q; ++j) {
+        const float* row = logits.Row(i * q + j);
+        d.draft_token_ids.push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
+      }
+      d.drafts.form = DraftDistributions::Form::kDense;
+      d.drafts.values = q_rows.RowsView(i * (q - 1), q - 1);
+      decode.requests.push_back(d);
+    }
+    both(decode, "decode 64x4");
+  }
+  std::printf("split stream: %d steps, %d requests, %d boundary-band tokens\n", steps,
+              tally.requests, tally.token_mismatches);
+}
+
 TEST(CudaBackend, DecodeAndDraftMatchCpu) {
   auto gpu = Gpu();
   ASSERT_NE(gpu, nullptr);

@@ -210,6 +210,7 @@ absl::Status LaunchJobs(Lane& lane, const Step& step, const LogitsView& device_l
     params.num_split = num_split;
     params.split_scratch = lane.split_d.as<void>();
     params.split_arrivals = lane.split_arrivals_d.as<unsigned int>();
+    params.split_stream = num_split >= options.split_stream_rows ? 1 : 0;
     params.fused_jobs = lists + num_split;
     params.num_fused = num_fused;
     if (num_raw > 0) {

@@ -39,6 +39,9 @@ std::optional<DeviceOutput> PlanDeviceOutput(const StepPlan& plan, const StepJob
 
 struct LaunchOptions {
   bool split_path = true;         // false: every small-top-k row on the fused path (benchmarks)
+  // The split path streams its rows (a block a row) from this many split rows on, else a block
+  // a chunk (StepParams::split_stream).
+  int split_stream_rows = kSplitStreamRows;
   LaunchProbe* probe = nullptr;   // benchmarks
   const DeviceOutput* output = nullptr;  // written after this launch's kernels
 };

@@ -34,6 +34,9 @@ namespace cuda {
 inline constexpr int kMaxTopLogprobs = 64;  // per-row output capacity
 inline constexpr int kSplitChunk = 8192;    // tokens of a row per block on the split path
 inline constexpr int kSplitMaxK = 64;       // the largest top_k the split path takes
+// From this many split rows on, a block a row streams its chunks (SplitStreamKernel). Off
+// (never) until measured against the chunk blocks on the GPU machine (gpu_bench prints both).
+inline constexpr int kSplitStreamRows = 1 << 30;
 
 // What a row job computes.
 enum RowJobKind : int32_t {
@@ -151,6 +154,9 @@ struct StepParams {
   // [num_split] arrival counters of the rows' chunk blocks: zero before a launch, and the
   // kernel leaves them zero (the last arrival of each row resets its own).
   unsigned int* split_arrivals = nullptr;
+  // 1: the split jobs stream, one block a row over its chunks in turn (SplitStreamKernel),
+  // rather than one block a chunk (SplitRowKernel): the host's choice by the number of rows.
+  int32_t split_stream = 0;
   const int32_t* fused_jobs = nullptr;
   int32_t num_fused = 0;
   // The jobs with RAW logprobs (SPEC 7) that LaunchRawRows reports on, after the paths. While

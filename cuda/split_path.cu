@@ -79,17 +79,20 @@ struct SplitItem {
 // Loads tokens [lo, lo + n) of a job's row into x (tokens at or past n: -inf, never read) and
 // admits them (LoadStats::Admit). All of a thread's loads are issued before the first is used.
 // Group k of a thread's values (G tokens) from one 16-byte load at `at`.
-template <int G>
+// (`kShared`: from the staging buffer in shared memory rather than from the logits.)
+template <int G, bool kShared = false>
 __device__ __forceinline__ void LoadGroup(const char* at, DType dtype, int k, float (&x)[kChunkValues]) {
   if (G == 4) {
-    const float4 v = __ldg(reinterpret_cast<const float4*>(at));
+    const float4 v = kShared ? *reinterpret_cast<const float4*>(at)
+                             : __ldg(reinterpret_cast<const float4*>(at));
     x[k * G] = v.x;
     x[k * G + 1] = v.y;
     x[k * G + 2] = v.z;
     x[k * G + 3] = v.w;
   } else {
     float out[8];
-    Unpack16(__ldg(reinterpret_cast<const uint4*>(at)), dtype, out);
+    Unpack16(kShared ? *reinterpret_cast<const uint4*>(at) : __ldg(reinterpret_cast<const uint4*>(at)),
+             dtype, out);
 #pragma unroll
     for (int w = 0; w < G; ++w) x[k * G + w] = out[w];
   }
@@ -97,9 +100,16 @@ __device__ __forceinline__ void LoadGroup(const char* at, DType dtype, int k, fl
 
 template <int G>
 __device__ __forceinline__ void LoadChunkValues(const StepParams& p, const RowJob& job, const char* run,
-                                                int lo, int n, float (&x)[kChunkValues], LoadStats* st) {
+                                                int lo, int n, float (&x)[kChunkValues], LoadStats* st,
+                                                const char* staged) {
   constexpr int kElem = 16 / G;  // bytes a token
-  if (run != nullptr) {
+  if (staged != nullptr) {
+    // A whole chunk already in shared memory (StageChunk): each thread reads its own groups.
+#pragma unroll
+    for (int k = 0; k < kChunkValues / G; ++k) {
+      LoadGroup<G, true>(staged + static_cast<int64_t>(ChunkColumn<G>(k * G)) * kElem, p.dtype, k, x);
+    }
+  } else if (run != nullptr) {
     const bool vector = reinterpret_cast<uintptr_t>(run) % 16 == 0;
     // A whole chunk (every chunk of a row but its last) takes no bounds checks, and a row with
     // no grammar mask no mask lookups: ~5 instructions a value against ~20 on the general way.
@@ -187,43 +197,32 @@ __device__ void UpdateChunkValues(const StepParams& p, const RowJob& job, int lo
   }
 }
 
-// A chunk block (and, if it is its row's last, the row's finisher). Barriers: S1 publishes
-// each warp's extremes and its sorted thread maxima; S2 the chunk's threshold; S3 the
-// collected tokens. (A persistent grid looping over chunks, fetching the next one by cp.async
-// while working on the current, measured slower: 334 against 236 us at R = 384, the rows'
-// finishes landing unevenly on the blocks. So did each block warming the chunk 4 x SMs blocks
-// further on into L2 with a bulk prefetch: 188.2 against 163.9 us at R = 384 prefill fp32,
-// 3,494 against 2,956 at R = 8192, the load stage 4.3 -> 6.0 us. So did a resident grid taking
-// chunks from an atomic work queue, the next chunk by cp.async into the staging buffer: 180.9
-// against 162.0 us at R = 384 prefill (2,834 against 2,955 at R = 8192), the loop's state
-// spilling the chunk's registers; gpu-notes, issue 34's fourth session.)
+// The chunk stage's shared state: a chunk block's, or a streaming block's for each of its row's
+// chunks in turn.
+struct SplitChunkShared {
+  float warp_m[kSplitWarps], warp_mn[kSplitWarps], warp_z[kSplitWarps];
+  int warp_bad[kSplitWarps];
+  float sorted_max[kSplitWarps][32];  // each warp's thread maxima, descending
+  int collected;
+  float threshold;
+};
+
+// One chunk of a split job, its values already in x (LoadChunkValues; token updates applied):
+// the chunk's threshold, Z partial and list into its scratch slot. Barriers: S1 publishes each
+// warp's extremes and its sorted thread maxima; S2 the chunk's threshold; S3 the collected
+// tokens. Every thread calls it; cs.collected is zero on entry.
 template <int G>
-__global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKernel(StepParams p) {
-  __shared__ __align__(16) SplitSmem smem;
-  __shared__ float warp_m[kSplitWarps], warp_mn[kSplitWarps], warp_z[kSplitWarps];
-  __shared__ int warp_bad[kSplitWarps];
-  __shared__ float sorted_max[kSplitWarps][32];  // each warp's thread maxima, descending
-  __shared__ int collected;
-  __shared__ float threshold;
-  __shared__ int last;
-  float* const coll_x = smem.chunk.coll_x;
-  int* const coll_id = smem.chunk.coll_id;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const SplitLayout layout(p);
-  const SplitItem it(p, blockIdx.y, blockIdx.x, layout.chunks);
-  const RowJob job = p.jobs[it.j];
-  // Benchmarks: %globaltimer at stage ends of split job 0's chunk 0 (stage_times[9..14]).
-  const bool timed = ProbeTimes() != nullptr && it.slot == 0;
+__device__ __forceinline__ void SplitChunkStage(const StepParams& p, const SplitLayout& layout,
+                                                const SplitItem& it, const RowJob& job,
+                                                const LoadStats& st, const float (&x)[kChunkValues],
+                                                SplitSmem& smem, SplitChunkShared& cs,
+                                                bool timed) {
   auto stage = [&](int k) {
     if (timed && threadIdx.x == 0) ProbeTimes()[k] = GlobalTimer();
   };
-  stage(9);
-  if (threadIdx.x == 0) collected = 0;
-  float x[kChunkValues];
-  LoadStats st;
-  LoadChunkValues<G>(p, job, it.run, it.lo, it.n, x, &st);
-  if (job.update_end > job.update_begin) UpdateChunkValues<G>(p, job, it.lo, it.n, smem.chunk.xs, x, &st);
-  stage(10);
+  float* const coll_x = smem.chunk.coll_x;
+  int* const coll_id = smem.chunk.coll_id;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float T = job.temperature;
   const int K = job.top_k;
   // Each warp's extremes and faults, and its 32 thread maxima sorted descending (bitonic, in
@@ -237,22 +236,22 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
       mn = fminf(mn, __shfl_xor_sync(0xFFFFFFFFu, mn, o));
       bad |= __shfl_xor_sync(0xFFFFFFFFu, bad, o);
     }
-    sorted_max[warp][lane] = BitonicSortDesc32(st.m);
+    cs.sorted_max[warp][lane] = BitonicSortDesc32(st.m);
     if (lane == 0) {
-      warp_m[warp] = m;
-      warp_mn[warp] = mn;
-      warp_bad[warp] = bad;
+      cs.warp_m[warp] = m;
+      cs.warp_mn[warp] = mn;
+      cs.warp_bad[warp] = bad;
     }
   }
   __syncthreads();  // S1
   stage(11);
-  float m = warp_m[0], mn = warp_mn[0];
-  int bad = warp_bad[0];
+  float m = cs.warp_m[0], mn = cs.warp_mn[0];
+  int bad = cs.warp_bad[0];
 #pragma unroll
   for (int w = 1; w < kSplitWarps; ++w) {
-    m = fmaxf(m, warp_m[w]);
-    mn = fminf(mn, warp_mn[w]);
-    bad |= warp_bad[w];
+    m = fmaxf(m, cs.warp_m[w]);
+    mn = fminf(mn, cs.warp_mn[w]);
+    bad |= cs.warp_bad[w];
   }
   // The threshold: the K-th largest of the block's 256 thread maxima. The K threads holding
   // the largest each hold a token >= it, so the chunk has at least K tokens >= it, and
@@ -264,11 +263,11 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
   if (warp == 0) {
     float v[kSplitWarps];
 #pragma unroll
-    for (int w = 0; w < kSplitWarps; ++w) v[w] = sorted_max[w][lane];
+    for (int w = 0; w < kSplitWarps; ++w) v[w] = cs.sorted_max[w][lane];
     const Top64 t = MergeTop64(MergeTop64(Merge32(v[0], v[1]), Merge32(v[2], v[3])),
                                MergeTop64(Merge32(v[4], v[5]), Merge32(v[6], v[7])));
     const float kth = K <= 32 ? __shfl_sync(0xFFFFFFFFu, t.hi, K - 1) : __shfl_sync(0xFFFFFFFFu, t.lo, K - 33);
-    if (lane == 0) threshold = kth;
+    if (lane == 0) cs.threshold = kth;
     layout.maxima[it.slot * 64 + lane] = t.hi;  // for the finisher's bound
     layout.maxima[it.slot * 64 + 32 + lane] = t.lo;
   }
@@ -283,7 +282,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xFFFFFFFFu, z, o);
-    if (lane == 0) warp_z[warp] = z;
+    if (lane == 0) cs.warp_z[warp] = z;
   }
   __syncthreads();  // S2
   stage(12);
@@ -293,9 +292,9 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
   // union by s = x / T, so a superset of the chunk's top K loses nothing, and no division is
   // needed here.
   // (Threshold -inf: fewer than K threads hold a finite token; every finite token is listed.)
-  const float t_x = threshold;
+  const float t_x = cs.threshold;
   auto collect = [&](int r) {
-    const int at = atomicAdd(&collected, 1);  // slots in any order: the finisher ranks
+    const int at = atomicAdd(&cs.collected, 1);  // slots in any order: the finisher ranks
     if (at < kSplitCapacity) {
       coll_x[at] = x[r];
       coll_id[at] = it.lo + ChunkColumn<G>(r);
@@ -320,7 +319,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
   }
   __syncthreads();  // S3
   stage(13);
-  const int nc = collected;
+  const int nc = cs.collected;
   int count;
   if (nc > kSplitCapacity) {
     count = -1;  // a flat chunk: the finisher runs the general algorithm on the row
@@ -348,11 +347,40 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
     count = K;
   }
   if (threadIdx.x == 0) {
-    float z = warp_z[0];
-    for (int w = 1; w < kSplitWarps; ++w) z += warp_z[w];
+    float z = cs.warp_z[0];
+    for (int w = 1; w < kSplitWarps; ++w) z += cs.warp_z[w];
     layout.partials[it.slot] = SplitPartial{m, mn, z, bad, count};
   }
   stage(14);
+}
+
+// A chunk block (and, if it is its row's last, the row's finisher).
+// (A persistent grid looping over chunks, fetching the next one by cp.async while working on
+// the current, measured slower: 334 against 236 us at R = 384, the rows' finishes landing
+// unevenly on the blocks. So did each block warming the chunk 4 x SMs blocks further on into
+// L2 with a bulk prefetch: 188.2 against 163.9 us at R = 384 prefill fp32, 3,494 against 2,956
+// at R = 8192, the load stage 4.3 -> 6.0 us. So did a resident grid taking chunks from an
+// atomic work queue, the next chunk by cp.async into the staging buffer: 180.9 against 162.0
+// us at R = 384 prefill (2,834 against 2,955 at R = 8192), the loop's state spilling the
+// chunk's registers; gpu-notes, issue 34's fourth session.)
+template <int G>
+__global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKernel(StepParams p) {
+  __shared__ __align__(16) SplitSmem smem;
+  __shared__ SplitChunkShared cs;
+  __shared__ int last;
+  const SplitLayout layout(p);
+  const SplitItem it(p, blockIdx.y, blockIdx.x, layout.chunks);
+  const RowJob job = p.jobs[it.j];
+  // Benchmarks: %globaltimer at stage ends of split job 0's chunk 0 (stage_times[9..14]).
+  const bool timed = ProbeTimes() != nullptr && it.slot == 0;
+  if (timed && threadIdx.x == 0) ProbeTimes()[9] = GlobalTimer();
+  if (threadIdx.x == 0) cs.collected = 0;
+  float x[kChunkValues];
+  LoadStats st;
+  LoadChunkValues<G>(p, job, it.run, it.lo, it.n, x, &st, nullptr);
+  if (job.update_end > job.update_begin) UpdateChunkValues<G>(p, job, it.lo, it.n, smem.chunk.xs, x, &st);
+  if (timed && threadIdx.x == 0) ProbeTimes()[10] = GlobalTimer();
+  SplitChunkStage<G>(p, layout, it, job, st, x, smem, cs, timed);
   // Arrival: every thread's writes reach the device before thread 0 counts this chunk in
   // (the threadfence-reduction pattern); the row's last arrival finishes it and re-arms the
   // counter for the next launch.
@@ -369,6 +397,105 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
   SplitFinishRow(p, it.split_index, smem.finish);
 }
 
+// Chunk `it` of a row into the staging buffer by cp.async (each thread its own 16-byte
+// groups, at the offsets LoadChunkValues reads them from, so each thread later reads only
+// what it copied itself: its own wait_group orders it, no barrier). Only for a whole chunk of
+// a row at a 16-byte aligned address.
+template <int G>
+__device__ __forceinline__ void StageChunk(const char* run, char* staging) {
+  constexpr int kElem = 16 / G;
+#pragma unroll
+  for (int k = 0; k < kChunkValues / G; ++k) {
+    const int64_t at = static_cast<int64_t>(ChunkColumn<G>(k * G)) * kElem;
+    const unsigned int to = static_cast<unsigned int>(__cvta_generic_to_shared(staging + at));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(run + at) : "memory");
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ bool Stageable(const SplitItem& it) {
+  return it.run != nullptr && it.n == kSplitChunk && reinterpret_cast<uintptr_t>(it.run) % 16 == 0;
+}
+
+// A streaming block's shared memory, reached by name from both the kernel and StreamChunk (a
+// reference passed into a call that is not inlined would make every access a generic one).
+struct StreamShared {
+  SplitSmem smem;  // the chunk stage's, staging (smem.chunk.xs) and the finish's
+  SplitChunkShared cs;
+  RowJob job;      // the row's job: the chunk loop's values need the registers
+};
+__device__ __forceinline__ StreamShared& Stream() {
+  __shared__ __align__(16) StreamShared shared;
+  return shared;
+}
+
+// Chunk c of a streaming block's row: loaded (from staging where `staged`), the next chunk's
+// copy started, then the chunk stage. Returns whether chunk c + 1 is being staged. Not inlined:
+// inside the chunk loop ptxas spilled ~5 KB of the chunk's values (-Xptxas -v); as a call, the
+// body is allocated as the chunk block's is.
+template <int G>
+__device__ __noinline__ bool StreamChunk(const StepParams& p, const SplitLayout& layout,
+                                         int split_index, int c, bool staged) {
+  SplitSmem& smem = Stream().smem;
+  SplitChunkShared& cs = Stream().cs;
+  const RowJob& job = Stream().job;
+  char* const staging = reinterpret_cast<char*>(smem.chunk.xs);
+  const SplitItem it(p, split_index, c, layout.chunks);
+  const bool updates = job.update_end > job.update_begin;
+  const bool timed = ProbeTimes() != nullptr && it.slot == 0;
+  if (timed && threadIdx.x == 0) ProbeTimes()[9] = GlobalTimer();
+  if (threadIdx.x == 0) cs.collected = 0;
+  float x[kChunkValues];
+  LoadStats st;
+  if (staged) asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  LoadChunkValues<G>(p, job, it.run, it.lo, it.n, x, &st, staged ? staging : nullptr);
+  bool next_staged = false;
+  if (c + 1 < layout.chunks && !updates) {
+    const SplitItem next(p, split_index, c + 1, layout.chunks);
+    if (Stageable(next)) {
+      StageChunk<G>(next.run, staging);
+      next_staged = true;
+    }
+  }
+  if (updates) UpdateChunkValues<G>(p, job, it.lo, it.n, smem.chunk.xs, x, &st);
+  if (timed && threadIdx.x == 0) ProbeTimes()[10] = GlobalTimer();
+  SplitChunkStage<G>(p, layout, it, job, st, x, smem, cs, timed);
+  return next_staged;
+}
+
+// The split path with many rows: one block a row, over its chunks in turn, each chunk exactly
+// as a chunk block takes it (the same partials and lists, so the same results bit for bit),
+// then the row's finish, with no arrival counter. For a row without token updates, chunk c + 1
+// is copied into shared memory by cp.async while chunk c is worked on from registers, so each
+// block has a chunk's loads in flight through its whole row instead of one burst at its start
+// (a row with updates uses that buffer to apply them, and loads each chunk as a chunk block
+// does). Used where the rows alone fill the GPU (split_stream).
+template <int G>
+__global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitStreamKernel(StepParams p) {
+  const SplitLayout layout(p);
+  const int split_index = blockIdx.x;
+  const int C = layout.chunks;
+  if (threadIdx.x == 0) Stream().job = p.jobs[p.split_jobs[split_index]];
+  __syncthreads();
+  const bool updates = Stream().job.update_end > Stream().job.update_begin;
+  char* const staging = reinterpret_cast<char*>(Stream().smem.chunk.xs);
+  bool staged = false;  // the current chunk is (being) copied into staging
+  {
+    const SplitItem first(p, split_index, 0, C);
+    if (!updates && Stageable(first)) {
+      StageChunk<G>(first.run, staging);
+      staged = true;
+    }
+  }
+  for (int c = 0; c < C; ++c) {
+    staged = StreamChunk<G>(p, layout, split_index, c, staged);
+    __syncthreads();  // the chunk's shared state is read before the next chunk resets it
+  }
+  // The finisher reads the partials and lists through L2, as it reads other blocks'.
+  __threadfence();
+  __syncthreads();
+  SplitFinishRow(p, split_index, Stream().smem.finish);
+}
+
 }  // namespace detail
 
 size_t SplitScratchBytes(int32_t num_split, int32_t vocab_size) {
@@ -379,6 +506,9 @@ size_t SplitScratchBytes(int32_t num_split, int32_t vocab_size) {
 }
 
 LaunchConfig SplitRowsConfig(const StepParams& params) {
+  if (params.split_stream != 0) {
+    return LaunchConfig{"SplitStreamKernel", dim3(params.num_split), dim3(detail::kSplitThreads), 0};
+  }
   return LaunchConfig{"SplitRowKernel",
                       dim3((params.vocab_size + kSplitChunk - 1) / kSplitChunk, params.num_split),
                       dim3(detail::kSplitThreads), 0};
@@ -387,7 +517,14 @@ LaunchConfig SplitRowsConfig(const StepParams& params) {
 cudaError_t LaunchSplitRows(const StepParams& params, cudaStream_t stream) {
   if (params.num_split == 0) return cudaSuccess;
   const LaunchConfig config = SplitRowsConfig(params);
-  if (params.dtype == DType::kFloat32) {
+  const bool fp32 = params.dtype == DType::kFloat32;
+  if (params.split_stream != 0) {
+    if (fp32) {
+      detail::SplitStreamKernel<4><<<config.grid, config.block, 0, stream>>>(params);
+    } else {
+      detail::SplitStreamKernel<8><<<config.grid, config.block, 0, stream>>>(params);
+    }
+  } else if (fp32) {
     detail::SplitRowKernel<4><<<config.grid, config.block, 0, stream>>>(params);
   } else {
     detail::SplitRowKernel<8><<<config.grid, config.block, 0, stream>>>(params);
