@@ -34,9 +34,11 @@ namespace cuda {
 inline constexpr int kMaxTopLogprobs = 64;  // per-row output capacity
 inline constexpr int kSplitChunk = 8192;    // tokens of a row per block on the split path
 inline constexpr int kSplitMaxK = 64;       // the largest top_k the split path takes
-// From this many split rows on, a block a row streams its chunks (SplitStreamKernel). Off
-// (never) until measured against the chunk blocks on the GPU machine (gpu_bench prints both).
-inline constexpr int kSplitStreamRows = 1 << 30;
+// From this many split rows on, a block a row streams its chunks (SplitStreamKernel): the rows
+// alone then give every SM two blocks or more (132 SMs on an H100 or H200). gpu_bench, H100,
+// 2026-12-07: streaming 181 against 221 us at R = 384, 2,847 against 4,137 at R = 8,192 (fp32);
+// at R <= 16 a row's 16 chunks in turn take ~99 us against ~24 by 16 blocks.
+inline constexpr int kSplitStreamRows = 256;
 
 // What a row job computes.
 enum RowJobKind : int32_t {
