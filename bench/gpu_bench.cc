@@ -9,7 +9,9 @@
 // 8192 (prompt logprobs), fp32 and bf16. Each as a fraction of the HBM bandwidth measured in
 // the same run by a large device-to-device copy. "queued": the same kernel time with the step
 // sent behind a producer's ready event, its launches queued before the logits are ready (as a
-// worker's asynchronous loop sends it), so no launch latency falls between the events.
+// worker's asynchronous loop sends it), so no launch latency falls between the events; the
+// producer a 1 GiB memset ("queued") or a 300 us host function that touches no memory ("idle
+// queued"). "chunks" and "stream": the split path's two kernels, each forced at every R.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -262,6 +265,16 @@ int Main(int argc, char** argv) {
     SAMPLERD_CUDA_CHECK(cudaMemsetAsync(forward_buffer, i, forward_bytes, producer));
     SAMPLERD_CUDA_CHECK(cudaEventRecord(ready, producer));
   };
+  // A producer that touches no memory: a host function holding the producer's stream for
+  // 300 us (the step's host work is queued meanwhile). The memset's figure ("queued") came out
+  // slower than the plain one at R <= 16 on an H100 (33.0 against 23.3 us at R = 1); this one
+  // ("idle queued") tells whether the memset's L2 traffic or the queued wait itself costs it.
+  auto idle_forward = [&](int) {
+    SAMPLERD_CUDA_CHECK(cudaLaunchHostFunc(
+        producer, [](void*) { std::this_thread::sleep_for(std::chrono::microseconds(300)); },
+        nullptr));
+    SAMPLERD_CUDA_CHECK(cudaEventRecord(ready, producer));
+  };
   struct Row {
     std::string name;
     double us, queued_us, floor_us;
@@ -270,9 +283,9 @@ int Main(int argc, char** argv) {
     std::string plain;  // Config::plain
   };
   std::vector<Row> rows_out;
-  std::printf("%-22s %12s %12s %14s %14s %10s %10s %10s %10s\n", "config", "kernel us",
-              "GB/s read", "% of copy BW", "fused-only us", "speedup", "queued us", "chunks us",
-              "stream us");
+  std::printf("%-22s %12s %12s %14s %14s %10s %10s %12s %10s %10s\n", "config", "kernel us",
+              "GB/s read", "% of copy BW", "fused-only us", "speedup", "queued us",
+              "idle queued", "chunks us", "stream us");
   std::printf("(split stages: chunk 0 of row 0 from its start: load, reductions, threshold, "
               "collect, end; its row's finishing block: start, merged, end)\n");
   for (const Config& c : configs) {
@@ -317,6 +330,7 @@ int Main(int argc, char** argv) {
     step.logits.ready_event = ready;
     double queued_wall_us;
     const double queued_us = MedianSample(**gpu, step, 50, forward, &queued_wall_us);
+    const double idle_queued_us = MedianSample(**gpu, step, 50, idle_forward, &queued_wall_us);
     step.logits.ready_event = nullptr;
     auto timer = std::make_shared<cuda::StageTimer>();
     (*gpu)->set_launch_probe(timer);
@@ -325,9 +339,9 @@ int Main(int argc, char** argv) {
     std::string stages;
     for (double t : timer->last_stage_us()) stages += absl::StrFormat(" %.1f", t);
     const double gbs = bytes / (us * 1e-6) / 1e9;
-    std::printf("%-22s %12.1f %12.0f %13.1f%% %14.1f %9.2fx %10.1f %10.1f %10.1f   split stages us:%s\n",
+    std::printf("%-22s %12.1f %12.0f %13.1f%% %14.1f %9.2fx %10.1f %12.1f %10.1f %10.1f   split stages us:%s\n",
                 c.name.c_str(), us, gbs, 100.0 * gbs * 1e9 / bandwidth, fused_us, fused_us / us,
-                queued_us, chunk_us, stream_us, stages.c_str());
+                queued_us, idle_queued_us, chunk_us, stream_us, stages.c_str());
     rows_out.push_back({c.name, us, queued_us, bytes / bandwidth * 1e6,
                         c.dtype == DType::kFloat32 ? "fp32" : "bf16", c.rows, c.plain});
     cudaFree(device);
