@@ -624,6 +624,59 @@ TEST(CudaBackend, Bf16Fp16PromptLogprobsGoldenAndNanMatchCpu) {
 // heavy ties (chunks overflow: the general algorithm finishes the row), a block of tokens
 // tied at the max across chunk boundaries, prompt logprobs, masks and penalties, fp32 and
 // bf16, V = 129,280 (16 chunks) and 8,200 (a last chunk of 8 tokens).
+// Rows that stress the split path: row 0 flat, row 1 heavy ties (values 0-2), row 2 a tied
+// block at the max (every 97th token 9.0), the rest random.
+HostLogits SplitEdgeLogits(int rows, int32_t vocab) {
+  HostLogits logits(rows, vocab, 31, 2.0f);
+  std::mt19937_64 rng(5);
+  for (int32_t c = 0; c < vocab; ++c) {
+    logits.Row(0)[c] = 0.0f;                                        // flat
+    logits.Row(1)[c] = static_cast<float>(rng() % 3);               // heavy ties
+    if (c % 97 == 0) logits.Row(2)[c] = 9.0f;                       // a tied block at the max
+  }
+  return logits;
+}
+
+// A PREFILL step over SplitEdgeLogits: `rows` sampled rows (T 0.7, top_p 0.95, 0.5 on row 3,
+// `top_k`; a grammar mask on row 4, penalties on row 5) and `prompt` - 1 prompt rows after
+// them. `half`: the logits as bf16 (null: fp32). The masks live in *masks.
+Step SplitEdgeStep(const HostLogits& logits, const std::vector<uint16_t>* half, int32_t vocab,
+                   int rows, int prompt, int32_t top_k, std::vector<std::string>* masks) {
+  Step step = MakeStep(StepKind::kPrefill, logits, vocab);
+  step.compute_sum_smaller_probs = true;
+  if (half != nullptr) {
+    step.logits.dtype = DType::kBFloat16;
+    step.logits.data = half->data();
+  }
+  masks->reserve(rows);
+  for (int r = 0; r < rows; ++r) {
+    RequestInputs req = PrefillRequest("r" + std::to_string(r), r, 60 + r + top_k, 9);
+    req.params.temperature = 0.7f;
+    req.params.top_p = r == 3 ? 0.5f : 0.95f;
+    req.params.top_k = top_k;
+    req.params.top_logprobs = std::min(top_k, 5);
+    if (r == 4) {
+      std::vector<int32_t> allowed;
+      for (int32_t t = 0; t < vocab; t += 3) allowed.push_back(t);
+      masks->push_back(MaskOf(vocab, allowed));
+      req.allowed_token_masks = {masks->back()};
+    }
+    if (r == 5) {
+      req.params.repetition_penalty = 1.5f;
+      req.params.presence_penalty = 1.0f;
+      req.output_token_ids = {1, 8199, 8192, 8191, 100};
+    }
+    step.requests.push_back(req);
+  }
+  RequestInputs p = PrefillRequest("p", rows + prompt - 1, 3);
+  p.prompt_first_row = rows;
+  for (int k = 0; k < prompt - 1; ++k) p.prompt_targets.push_back((k * 4099) % vocab);
+  p.params.temperature = 0.9f;
+  p.params.top_k = top_k;
+  step.requests.push_back(p);
+  return step;
+}
+
 TEST(CudaBackend, SplitPathTiesOverflowAndPromptRowsMatchCpu) {
   auto gpu = Gpu();
   ASSERT_NE(gpu, nullptr);
@@ -631,50 +684,14 @@ TEST(CudaBackend, SplitPathTiesOverflowAndPromptRowsMatchCpu) {
   CompareTally tally;
   for (int32_t vocab : {8200, 129280}) {
     const int rows = 6, prompt = 5;
-    HostLogits logits(rows + prompt, vocab, 31, 2.0f);
-    std::mt19937_64 rng(5);
-    for (int32_t c = 0; c < vocab; ++c) {
-      logits.Row(0)[c] = 0.0f;                                        // flat
-      logits.Row(1)[c] = static_cast<float>(rng() % 3);               // heavy ties
-      if (c % 97 == 0) logits.Row(2)[c] = 9.0f;                       // a tied block at the max
-    }
+    const HostLogits logits = SplitEdgeLogits(rows + prompt, vocab);
     std::vector<uint16_t> half(logits.values.size());
     for (size_t i = 0; i < half.size(); ++i) half[i] = FloatToBFloat16(logits.values[i]);
     for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
       for (int32_t top_k : {1, 10, 64}) {
-        Step step = MakeStep(StepKind::kPrefill, logits, vocab);
-        step.compute_sum_smaller_probs = true;
-        if (dtype == DType::kBFloat16) {
-          step.logits.dtype = dtype;
-          step.logits.data = half.data();
-        }
         std::vector<std::string> masks;
-        masks.reserve(rows);
-        for (int r = 0; r < rows; ++r) {
-          RequestInputs req = PrefillRequest("r" + std::to_string(r), r, 60 + r + top_k, 9);
-          req.params.temperature = 0.7f;
-          req.params.top_p = r == 3 ? 0.5f : 0.95f;
-          req.params.top_k = top_k;
-          req.params.top_logprobs = std::min(top_k, 5);
-          if (r == 4) {
-            std::vector<int32_t> allowed;
-            for (int32_t t = 0; t < vocab; t += 3) allowed.push_back(t);
-            masks.push_back(MaskOf(vocab, allowed));
-            req.allowed_token_masks = {masks.back()};
-          }
-          if (r == 5) {
-            req.params.repetition_penalty = 1.5f;
-            req.params.presence_penalty = 1.0f;
-            req.output_token_ids = {1, 8199, 8192, 8191, 100};
-          }
-          step.requests.push_back(req);
-        }
-        RequestInputs p = PrefillRequest("p", rows + prompt - 1, 3);
-        p.prompt_first_row = rows;
-        for (int k = 0; k < prompt - 1; ++k) p.prompt_targets.push_back((k * 4099) % vocab);
-        p.params.temperature = 0.9f;
-        p.params.top_k = top_k;
-        step.requests.push_back(p);
+        const Step step = SplitEdgeStep(logits, dtype == DType::kBFloat16 ? &half : nullptr,
+                                        vocab, rows, prompt, top_k, &masks);
         CompareWithCpu(RunStep(*cpu, step), RunStep(*gpu, step), tally,
                 "V=" + std::to_string(vocab) + " top_k=" + std::to_string(top_k) + " " +
                     DTypeName(dtype),
@@ -689,10 +706,11 @@ TEST(CudaBackend, SplitPathTiesOverflowAndPromptRowsMatchCpu) {
 
 // The split path's streaming kernel (a block a row over its chunks, the next chunk staged by
 // cp.async) computes each chunk exactly as a chunk block does, so its results must equal the
-// chunk blocks' bit for bit: flat rows, heavy ties, a tied block at the max, a mask, penalties
-// (rows with updates stage nothing), prompt rows, bf16, rows at addresses not 16-byte aligned
-// (V = 129,283: those load directly), a row's partial last chunk, DECODE with drafts, and the
-// benchmark's parameters. Each step also against the CPU with the streaming kernel.
+// chunk blocks' bit for bit: SplitEdgeStep's flat rows, heavy ties, tied block at the max,
+// mask, penalties (rows with updates stage nothing), prompt rows and bf16, at V = 8,200 (a
+// partial last chunk) and V = 129,283 (rows at addresses not 16-byte aligned load directly),
+// and DECODE with drafts under the benchmark's parameters. Each step also against the CPU
+// with the streaming kernel.
 TEST(CudaBackend, SplitStreamKernelEqualsTheChunkBlocksBitForBit) {
   auto gpu = Gpu();
   ASSERT_NE(gpu, nullptr);
@@ -710,51 +728,17 @@ TEST(CudaBackend, SplitStreamKernelEqualsTheChunkBlocksBitForBit) {
     ++steps;
   };
   for (int32_t vocab : {8200, 129280, 129283}) {
-    const int rows = 8;
-    HostLogits logits(rows + 4, vocab, 41, 2.0f);
-    std::mt19937_64 rng(6);
-    for (int32_t c = 0; c < vocab; ++c) {
-      logits.Row(0)[c] = 0.0f;                                   // flat
-      logits.Row(1)[c] = static_cast<float>(rng() % 3);          // heavy ties
-      if (c % 97 == 0) logits.Row(2)[c] = 9.0f;                  // a tied block at the max
-    }
+    const int rows = 8, prompt = 4;
+    const HostLogits logits = SplitEdgeLogits(rows + prompt, vocab);
     std::vector<uint16_t> half(logits.values.size());
     for (size_t i = 0; i < half.size(); ++i) half[i] = FloatToBFloat16(logits.values[i]);
     for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
       for (int32_t top_k : {1, 50}) {
-        Step step = MakeStep(StepKind::kPrefill, logits, vocab);
-        step.compute_sum_smaller_probs = true;
-        if (dtype == DType::kBFloat16) {
-          step.logits.dtype = dtype;
-          step.logits.data = half.data();
-        }
         std::vector<std::string> masks;
-        masks.reserve(rows);
-        for (int r = 0; r < rows; ++r) {
-          RequestInputs req = PrefillRequest("r" + std::to_string(r), r, 70 + r + top_k, 9);
-          req.params.temperature = 0.7f;
-          req.params.top_p = 0.95f;
-          req.params.top_k = top_k;
-          req.params.top_logprobs = std::min(top_k, 5);
-          if (r == 4) {
-            std::vector<int32_t> allowed;
-            for (int32_t t = 0; t < vocab; t += 3) allowed.push_back(t);
-            masks.push_back(MaskOf(vocab, allowed));
-            req.allowed_token_masks = {masks.back()};
-          }
-          if (r == 5) {
-            req.params.repetition_penalty = 1.5f;
-            req.params.logit_bias = {{7, 3.0f}, {vocab - 1, 50.0f}};
-            req.output_token_ids = {1, 8199, 8192, 8191, 100};
-          }
-          step.requests.push_back(req);
-        }
-        RequestInputs p = PrefillRequest("p", rows + 3, 3);
-        p.prompt_first_row = rows;
-        for (int k = 0; k < 3; ++k) p.prompt_targets.push_back((k * 4099) % vocab);
-        p.params.temperature = 0.9f;
-        p.params.top_k = top_k;
-        step.requests.push_back(p);
+        Step step = SplitEdgeStep(logits, dtype == DType::kBFloat16 ? &half : nullptr, vocab,
+                                  rows, prompt, top_k, &masks);
+        // A bias on the row's last token too (the partial last chunk at V = 8,200).
+        step.requests[5].params.logit_bias = {{7, 3.0f}, {vocab - 1, 50.0f}};
         both(step, "V=" + std::to_string(vocab) + " top_k=" + std::to_string(top_k) + " " +
                        DTypeName(dtype));
         if (HasFatalFailure()) return;
