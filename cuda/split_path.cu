@@ -354,6 +354,29 @@ __device__ __forceinline__ void SplitChunkStage(const StepParams& p, const Split
   stage(14);
 }
 
+// One chunk `it` of a split job, whole: its values loaded into registers (from `staged`, the
+// staging buffer in shared memory, where it holds the chunk), `after_load()` (the streaming
+// kernel starts its next chunk's copy there, once no thread reads staging any more), the
+// job's token updates, then the chunk stage. Both split kernels take every chunk through it.
+template <int G, typename AfterLoad>
+__device__ __forceinline__ void SplitChunk(const StepParams& p, const SplitLayout& layout,
+                                           const SplitItem& it, const RowJob& job,
+                                           const char* staged, SplitSmem& smem,
+                                           SplitChunkShared& cs, AfterLoad after_load) {
+  // Benchmarks: %globaltimer at stage ends of split job 0's chunk 0 (stage_times[9..14]).
+  const bool timed = ProbeTimes() != nullptr && it.slot == 0;
+  if (timed && threadIdx.x == 0) ProbeTimes()[9] = GlobalTimer();
+  if (threadIdx.x == 0) cs.collected = 0;
+  float x[kChunkValues];
+  LoadStats st;
+  if (staged) asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  LoadChunkValues<G>(p, job, it.run, it.lo, it.n, x, &st, staged);
+  after_load();
+  if (job.update_end > job.update_begin) UpdateChunkValues<G>(p, job, it.lo, it.n, smem.chunk.xs, x, &st);
+  if (timed && threadIdx.x == 0) ProbeTimes()[10] = GlobalTimer();
+  SplitChunkStage<G>(p, layout, it, job, st, x, smem, cs, timed);
+}
+
 // A chunk block (and, if it is its row's last, the row's finisher).
 // (A persistent grid looping over chunks, fetching the next one by cp.async while working on
 // the current, measured slower: 334 against 236 us at R = 384, the rows' finishes landing
@@ -371,16 +394,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
   const SplitLayout layout(p);
   const SplitItem it(p, blockIdx.y, blockIdx.x, layout.chunks);
   const RowJob job = p.jobs[it.j];
-  // Benchmarks: %globaltimer at stage ends of split job 0's chunk 0 (stage_times[9..14]).
-  const bool timed = ProbeTimes() != nullptr && it.slot == 0;
-  if (timed && threadIdx.x == 0) ProbeTimes()[9] = GlobalTimer();
-  if (threadIdx.x == 0) cs.collected = 0;
-  float x[kChunkValues];
-  LoadStats st;
-  LoadChunkValues<G>(p, job, it.run, it.lo, it.n, x, &st, nullptr);
-  if (job.update_end > job.update_begin) UpdateChunkValues<G>(p, job, it.lo, it.n, smem.chunk.xs, x, &st);
-  if (timed && threadIdx.x == 0) ProbeTimes()[10] = GlobalTimer();
-  SplitChunkStage<G>(p, layout, it, job, st, x, smem, cs, timed);
+  SplitChunk<G>(p, layout, it, job, nullptr, smem, cs, [] {});
   // Arrival: every thread's writes reach the device before thread 0 counts this chunk in
   // (the threadfence-reduction pattern); the row's last arrival finishes it and re-arms the
   // counter for the next launch.
@@ -397,23 +411,27 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
   SplitFinishRow(p, it.split_index, smem.finish);
 }
 
-// Chunk `it` of a row into the staging buffer by cp.async (each thread its own 16-byte
-// groups, at the offsets LoadChunkValues reads them from, so each thread later reads only
-// what it copied itself: its own wait_group orders it, no barrier). Only for a whole chunk of
-// a row at a 16-byte aligned address.
+// Chunk c of a split job's row into the staging buffer by cp.async (each thread its own
+// 16-byte groups, at the offsets LoadChunkValues reads them from, so each thread later reads
+// only what it copied itself: its own wait_group orders it, no barrier). Only a whole chunk at
+// a 16-byte aligned address in one run is staged; returns whether it was (false past the row).
 template <int G>
-__device__ __forceinline__ void StageChunk(const char* run, char* staging) {
+__device__ __forceinline__ bool StageChunk(const StepParams& p, int split_index, int c,
+                                           int chunks, char* staging) {
+  if (c >= chunks) return false;
+  const SplitItem it(p, split_index, c, chunks);
+  if (it.run == nullptr || it.n != kSplitChunk || reinterpret_cast<uintptr_t>(it.run) % 16 != 0) {
+    return false;
+  }
   constexpr int kElem = 16 / G;
 #pragma unroll
   for (int k = 0; k < kChunkValues / G; ++k) {
     const int64_t at = static_cast<int64_t>(ChunkColumn<G>(k * G)) * kElem;
     const unsigned int to = static_cast<unsigned int>(__cvta_generic_to_shared(staging + at));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(run + at) : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(it.run + at) : "memory");
   }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ bool Stageable(const SplitItem& it) {
-  return it.run != nullptr && it.n == kSplitChunk && reinterpret_cast<uintptr_t>(it.run) % 16 == 0;
+  return true;
 }
 
 // A streaming block's shared memory, reached by name from both the kernel and StreamChunk (a
@@ -428,8 +446,9 @@ __device__ __forceinline__ StreamShared& Stream() {
   return shared;
 }
 
-// Chunk c of a streaming block's row: loaded (from staging where `staged`), the next chunk's
-// copy started, then the chunk stage. Returns whether chunk c + 1 is being staged. Not inlined:
+// Chunk c of a streaming block's row (SplitChunk), from staging where `staged`, the next
+// chunk's copy started once this one is loaded. Returns whether chunk c + 1 is being staged
+// (never for a row with token updates: they use the buffer). Not inlined:
 // inside the chunk loop ptxas spilled ~5 KB of the chunk's values (-Xptxas -v); as a call, the
 // body is allocated as the chunk block's is.
 template <int G>
@@ -439,26 +458,12 @@ __device__ __noinline__ bool StreamChunk(const StepParams& p, const SplitLayout&
   SplitChunkShared& cs = Stream().cs;
   const RowJob& job = Stream().job;
   char* const staging = reinterpret_cast<char*>(smem.chunk.xs);
-  const SplitItem it(p, split_index, c, layout.chunks);
   const bool updates = job.update_end > job.update_begin;
-  const bool timed = ProbeTimes() != nullptr && it.slot == 0;
-  if (timed && threadIdx.x == 0) ProbeTimes()[9] = GlobalTimer();
-  if (threadIdx.x == 0) cs.collected = 0;
-  float x[kChunkValues];
-  LoadStats st;
-  if (staged) asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-  LoadChunkValues<G>(p, job, it.run, it.lo, it.n, x, &st, staged ? staging : nullptr);
   bool next_staged = false;
-  if (c + 1 < layout.chunks && !updates) {
-    const SplitItem next(p, split_index, c + 1, layout.chunks);
-    if (Stageable(next)) {
-      StageChunk<G>(next.run, staging);
-      next_staged = true;
-    }
-  }
-  if (updates) UpdateChunkValues<G>(p, job, it.lo, it.n, smem.chunk.xs, x, &st);
-  if (timed && threadIdx.x == 0) ProbeTimes()[10] = GlobalTimer();
-  SplitChunkStage<G>(p, layout, it, job, st, x, smem, cs, timed);
+  SplitChunk<G>(p, layout, SplitItem(p, split_index, c, layout.chunks), job,
+                staged ? staging : nullptr, smem, cs, [&] {
+                  next_staged = !updates && StageChunk<G>(p, split_index, c + 1, layout.chunks, staging);
+                });
   return next_staged;
 }
 
@@ -478,14 +483,8 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitStreamK
   __syncthreads();
   const bool updates = Stream().job.update_end > Stream().job.update_begin;
   char* const staging = reinterpret_cast<char*>(Stream().smem.chunk.xs);
-  bool staged = false;  // the current chunk is (being) copied into staging
-  {
-    const SplitItem first(p, split_index, 0, C);
-    if (!updates && Stageable(first)) {
-      StageChunk<G>(first.run, staging);
-      staged = true;
-    }
-  }
+  // Whether the current chunk is (being) copied into staging.
+  bool staged = !updates && StageChunk<G>(p, split_index, 0, C, staging);
   for (int c = 0; c < C; ++c) {
     staged = StreamChunk<G>(p, layout, split_index, c, staged);
     __syncthreads();  // the chunk's shared state is read before the next chunk resets it

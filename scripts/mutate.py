@@ -202,8 +202,8 @@ GPU_MUTANTS = [
      "if (tie && before <= rest) append(i, prefix);", "if (tie && before < rest) append(i, prefix);", 0),
     # Issue 49's streaming split kernel (a block a row, the next chunk staged by cp.async).
     ("gpu-stream-stages-the-chunk-after-next", "cuda/split_path.cu",
-     "const SplitItem next(p, split_index, c + 1, layout.chunks);",
-     "const SplitItem next(p, split_index, min(c + 2, layout.chunks - 1), layout.chunks);", 0),
+     "StageChunk<G>(p, split_index, c + 1, layout.chunks, staging)",
+     "StageChunk<G>(p, split_index, c + 2, layout.chunks, staging)", 0),
     ("gpu-stream-skips-the-wait", "cuda/split_path.cu",
      'if (staged) asm volatile("cp.async.wait_group 0;\\n" ::: "memory");', "", 0),
     # Issue 47: tensor-parallel logits shards read in place.
