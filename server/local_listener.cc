@@ -135,11 +135,12 @@ void LocalListener::Stop() {
   stop_.store(true);
   if (wake_[1] >= 0) (void)!write(wake_[1], "x", 1);
   if (thread_.joinable()) thread_.join();
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
 }
 
 LocalListener::~LocalListener() {
   Stop();
-  close(fd_);
   for (int fd : wake_) {
     if (fd >= 0) close(fd);
   }

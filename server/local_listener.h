@@ -43,14 +43,17 @@ class LocalListener {
   int port() const { return port_; }  // 0 for the unix socket
   // Accepts on a thread of its own from now on; `server` and `peers` must outlive it.
   void Start(grpc::Server* server, PeerDirectory* peers);
-  // Stops accepting at once (the thread is woken, not polled) and joins it. Idempotent.
+  // Stops accepting at once (the thread is woken, not polled), joins it and closes the
+  // listening socket: a client that connects from now on is refused at once rather than
+  // queued in the backlog of a server that will never answer it (during a drain, a queued
+  // connection waited out the client's connect timeout, 20 s in gRPC). Idempotent.
   void Stop();
 
  private:
   LocalListener(int fd, int port, std::string unix_path);
   void AcceptLoop(grpc::Server* server, PeerDirectory* peers);
 
-  const int fd_;
+  int fd_;  // -1 once Stop closed it
   const int port_;
   const std::string unix_path_;  // empty for TCP
   std::atomic<bool> stop_{false};
