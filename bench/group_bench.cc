@@ -114,14 +114,9 @@ int Main(int argc, char** argv) {
     if (!stub->CreateGroup(&context, create, &group).ok()) return 1;
   }
   const std::string hex = absl::BytesToHexString(group.nccl_unique_id());
-  const pid_t follower = fork();
-  if (follower == 0) {
-    std::string a1 = "--unique_id_hex=" + hex, a2 = "--max_step_tokens=384", a3 = "--out=/dev/null";
-    char* args[] = {argv[2], a1.data(), const_cast<char*>("--world_size=2"), const_cast<char*>("--rank=1"),
-                    const_cast<char*>("--device=1"), a2.data(), a3.data(), nullptr};
-    execv(argv[2], args);
-    _exit(127);
-  }
+  const pid_t follower =
+      SpawnProcess({argv[2], "--unique_id_hex=" + hex, "--world_size=2", "--rank=1", "--device=1",
+                    "--max_step_tokens=384", "--out=/dev/null"});
   for (int i = 0; i < 60000; ++i) {
     grpc::ClientContext context;
     v1::GetServerInfoResponse info;

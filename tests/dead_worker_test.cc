@@ -56,18 +56,10 @@ struct Worker {
 Worker Spawn(const std::string& target, bool idle) {
   int pipe_fds[2];
   if (pipe(pipe_fds) != 0) return {};
-  const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(pipe_fds[1], 1);
-    close(pipe_fds[0]);
-    std::vector<std::string> args = {g_worker, "--target=" + target, "--name=worker-pool"};
-    if (idle) args.push_back("--idle");
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
+  std::vector<std::string> args = {g_worker, "--target=" + target, "--name=worker-pool"};
+  if (idle) args.push_back("--idle");
+  const pid_t pid =
+      SpawnProcess(std::move(args), {.stdout_fd = pipe_fds[1], .close_fd = pipe_fds[0]});
   close(pipe_fds[1]);
   return Worker{pid, pipe_fds[0]};
 }

@@ -43,14 +43,7 @@ class Follower {
         "--world_size=2", "--rank=1", "--device=1",
         absl::StrCat("--max_step_tokens=", max_step_tokens), "--out=" + out_};
     args.insert(args.end(), extra.begin(), extra.end());
-    pid_ = fork();
-    if (pid_ == 0) {
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
+    pid_ = SpawnProcess(std::move(args));
   }
   ~Follower() {
     if (pid_ > 0) Kill();

@@ -29,6 +29,40 @@
 
 namespace samplerd {
 
+// Where a spawned child's output goes.
+struct SpawnOptions {
+  const char* log_file = nullptr;  // stdout and stderr into this file (truncated)
+  int stdout_fd = -1;              // stdout onto this descriptor (a pipe's write end)
+  int close_fd = -1;               // closed in the child (the pipe's read end)
+};
+
+// Starts `args` (args[0] the binary's path) as a child process; returns its pid (-1: fork
+// failed). Everything the child needs is built before fork, and the child calls only
+// async-signal-safe functions (open, dup2, close, execv, _exit): the tests fork from many
+// threads, and a child that allocates can hang for good. Under ASan, samplerd_restart_test's
+// restarted samplerd once never started: another thread held the sanitizer's stack-depot lock
+// at fork, and the child's argv vector spun on it (1 run in ~20 on 2 cores).
+inline pid_t SpawnProcess(std::vector<std::string> args, const SpawnOptions& options = {}) {
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (options.log_file != nullptr) {
+      const int fd = open(options.log_file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+      }
+    }
+    if (options.stdout_fd >= 0) dup2(options.stdout_fd, 1);
+    if (options.close_fd >= 0) close(options.close_fd);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
 class ServerProcess {
  public:
   ServerProcess(std::string binary, std::vector<std::string> flags)
@@ -48,21 +82,9 @@ class ServerProcess {
                                      "--port_file=" + port_file, "--log_level=warn"};
     if (unix_socket_) args.push_back("--unix_socket=" + unix_socket_path());
     args.insert(args.end(), flags_.begin(), flags_.end());
-    pid_ = fork();
-    if (pid_ == 0) {
-      if (!log_file_.empty()) {
-        const int fd = open(log_file_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-          dup2(fd, 1);
-          dup2(fd, 2);
-        }
-      }
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
+    SpawnOptions spawn;
+    if (!log_file_.empty()) spawn.log_file = log_file_.c_str();
+    pid_ = SpawnProcess(std::move(args), spawn);
     if (pid_ < 0) return absl::InternalError("fork failed");
     for (int i = 0; i < 20 * timeout_s; ++i) {
       std::ifstream in(port_file);
@@ -121,6 +143,7 @@ class ServerProcess {
     }
     return value;
   }
+  int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
   const std::string& dir() const { return dir_; }
 
@@ -174,14 +197,8 @@ inline bool UnderThreadSanitizer() {
 
 // Runs `argv` to completion; returns its exit code.
 inline int RunProcess(std::vector<std::string> argv) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    std::vector<char*> raw;
-    for (std::string& a : argv) raw.push_back(a.data());
-    raw.push_back(nullptr);
-    execv(raw[0], raw.data());
-    _exit(127);
-  }
+  const pid_t pid = SpawnProcess(std::move(argv));
+  if (pid < 0) return -1;
   int status = 0;
   waitpid(pid, &status, 0);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
