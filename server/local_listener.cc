@@ -20,6 +20,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "grpcpp/server_posix.h"
 
 namespace samplerd {
@@ -147,11 +149,14 @@ LocalListener::~LocalListener() {
   if (!unix_path_.empty()) unlink(unix_path_.c_str());
 }
 
-void LocalListener::Start(grpc::Server* server, PeerDirectory* peers) {
-  thread_ = std::thread([this, server, peers] { AcceptLoop(server, peers); });
+void LocalListener::Start(grpc::Server* server, PeerDirectory* peers, ConnectionLedger* ledger) {
+  thread_ = std::thread([this, server, peers, ledger] { AcceptLoop(server, peers, ledger); });
 }
 
-void LocalListener::AcceptLoop(grpc::Server* server, PeerDirectory* peers) {
+void LocalListener::AcceptLoop(grpc::Server* server, PeerDirectory* peers, ConnectionLedger* ledger) {
+  // Refusals are logged at most once a second (a client retrying in a loop would flood it).
+  absl::Time last_warning = absl::InfinitePast();
+  int unlogged = 0;
   while (!stop_.load()) {
     pollfd ready[2] = {{fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
     if (poll(ready, wake_[0] >= 0 ? 2 : 1, 100) < 0) continue;
@@ -186,6 +191,19 @@ void LocalListener::AcceptLoop(grpc::Server* server, PeerDirectory* peers) {
         peer.uid = credentials.uid;
       }
       peer.address = absl::StrCat("unix(pid ", credentials.pid, ")");
+    }
+    if (ledger != nullptr) {
+      if (absl::Status admitted = ledger->Admit(connection, peer.uid); !admitted.ok()) {
+        close(connection);
+        ++unlogged;
+        if (absl::Now() - last_warning >= absl::Seconds(1)) {
+          spdlog::warn("connection from {} refused: {} ({} refused since the last warning)",
+                       peer.address, std::string(admitted.message()), unlogged);
+          last_warning = absl::Now();
+          unlogged = 0;
+        }
+        continue;
+      }
     }
     // Recorded before gRPC sees the connection: its first call finds it.
     peers->Record(connection, peer);

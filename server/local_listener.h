@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/server.h"
+#include "server/connection_ledger.h"
 #include "server/peer_identity.h"
 
 namespace samplerd {
@@ -41,8 +42,9 @@ class LocalListener {
   LocalListener& operator=(const LocalListener&) = delete;
 
   int port() const { return port_; }  // 0 for the unix socket
-  // Accepts on a thread of its own from now on; `server` and `peers` must outlive it.
-  void Start(grpc::Server* server, PeerDirectory* peers);
+  // Accepts on a thread of its own from now on; `server`, `peers` and `ledger` must outlive
+  // it. A connection `ledger` refuses (a connection limit; null: no limits) is closed at once.
+  void Start(grpc::Server* server, PeerDirectory* peers, ConnectionLedger* ledger = nullptr);
   // Stops accepting at once (the thread is woken, not polled), joins it and closes the
   // listening socket: a client that connects from now on is refused at once rather than
   // queued in the backlog of a server that will never answer it (during a drain, a queued
@@ -51,7 +53,7 @@ class LocalListener {
 
  private:
   LocalListener(int fd, int port, std::string unix_path);
-  void AcceptLoop(grpc::Server* server, PeerDirectory* peers);
+  void AcceptLoop(grpc::Server* server, PeerDirectory* peers, ConnectionLedger* ledger);
 
   int fd_;  // -1 once Stop closed it
   const int port_;

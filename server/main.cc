@@ -43,10 +43,12 @@
 #include "cuda/nccl_transport.h"
 #endif
 #include "server/buffer_registry.h"
+#include "server/connection_ledger.h"
 #include "server/group_registry.h"
 #include "server/local_listener.h"
 #include "server/metrics.h"
 #include "server/peer_identity.h"
+#include "server/periodic_task.h"
 #include "server/sampler_service.h"
 #include "server/tls_listener.h"
 
@@ -143,6 +145,12 @@ ABSL_FLAG(int, max_open_streams, 0,
 ABSL_FLAG(int, max_streams_per_client, 64, "SampleStreams one client may hold open");
 ABSL_FLAG(int, max_step_channels, 64, "step channels open at once over all clients");
 ABSL_FLAG(int, max_channels_per_client, 8, "step channels one client may hold open");
+ABSL_FLAG(int, max_connections, 1024,
+          "connections held at once over all clients, on the plaintext TCP listener and the "
+          "unix socket (each costs ~53 KB in gRPC even idle); one more is closed at accept");
+ABSL_FLAG(int, max_connections_per_uid, 512,
+          "connections one local user (the uid the kernel reports for the socket; clients "
+          "whose uid is unknown count as one user) may hold at once");
 ABSL_FLAG(int, shutdown_grace_ms, 0,
           "on SIGTERM, report NOT_SERVING this long before refusing new steps");
 ABSL_FLAG(int, shutdown_deadline_ms, 10000, "then answer accepted steps for at most this long");
@@ -329,10 +337,13 @@ int Serve() {
   options.max_streams_per_client = absl::GetFlag(FLAGS_max_streams_per_client);
   options.max_step_channels = absl::GetFlag(FLAGS_max_step_channels);
   options.max_channels_per_client = absl::GetFlag(FLAGS_max_channels_per_client);
+  const ConnectionLedger::Limits connection_limits{absl::GetFlag(FLAGS_max_connections),
+                                                   absl::GetFlag(FLAGS_max_connections_per_uid)};
   if (options.max_open_streams >= max_rpc_threads || options.max_streams_per_client < 1 ||
-      options.max_step_channels < 1 || options.max_channels_per_client < 1) {
-    spdlog::error("--max_open_streams must be below --max_rpc_threads ({}), and the stream and "
-                  "channel limits at least 1", max_rpc_threads);
+      options.max_step_channels < 1 || options.max_channels_per_client < 1 ||
+      connection_limits.max_total < 1 || connection_limits.max_per_uid < 1) {
+    spdlog::error("--max_open_streams must be below --max_rpc_threads ({}), and the stream, "
+                  "channel and connection limits at least 1", max_rpc_threads);
     return 2;
   }
   const TlsFiles tls{absl::GetFlag(FLAGS_tls_cert_file), absl::GetFlag(FLAGS_tls_key_file),
@@ -407,6 +418,12 @@ int Serve() {
   // Who each plaintext connection is (its uid), learnt at accept by the local listeners.
   PeerDirectory peers;
   options.peers = &peers;
+  // How many connections the local listeners hold, bounded; the gauge refreshed each second.
+  ConnectionLedger connections(connection_limits);
+  PeriodicTask connection_gauge(absl::Seconds(1), [&connections, metrics_ptr] {
+    const int open = connections.Sweep();
+    metrics_ptr->SetConnections(open, connections.refused());
+  });
   // Health says NOT_SERVING while no new stream can be opened (every stream slot is held),
   // and from SIGTERM on; the server is set once it exists.
   // One lock over both, so a stream slot freed during the drain cannot turn it back to SERVING.
@@ -492,7 +509,7 @@ int Serve() {
   }
   if (tls_port != 0) port = tls_port;
   service.SetTlsPort(tls_port);
-  for (auto& listener : local_listeners) listener->Start(server.get(), &peers);
+  for (auto& listener : local_listeners) listener->Start(server.get(), &peers, &connections);
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   {
     absl::MutexLock lock(&health_mu);

@@ -106,6 +106,19 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const std::string& addr
                  "kept serving)")
            .Register(registry)
            .Add({});
+  metrics->connections_ = &prometheus::BuildGauge()
+                               .Name("samplerd_connections")
+                               .Help("Connections samplerd's own listeners hold (TCP without "
+                                     "TLS, the unix socket), as of the last sweep")
+                               .Register(registry)
+                               .Add({});
+  metrics->connections_refused_ =
+      &prometheus::BuildCounter()
+           .Name("samplerd_connections_refused_total")
+           .Help("Connections closed at accept: over --max_connections or "
+                 "--max_connections_per_uid")
+           .Register(registry)
+           .Add({});
   metrics->group_failures_ =
       &prometheus::BuildCounter()
            .Name("samplerd_group_failures_total")
@@ -138,6 +151,15 @@ void Metrics::SetMpsClient(bool mps) { mps_client_->Set(mps ? 1 : 0); }
 void Metrics::SetTrackedClients(int count) { tracked_clients_->Set(count); }
 
 void Metrics::CountTlsReloadFailure() { tls_reload_failures_->Increment(); }
+
+void Metrics::SetConnections(int open, int64_t refused_total) {
+  connections_->Set(open);
+  absl::MutexLock lock(&mu_);
+  if (refused_total > refused_counted_) {
+    connections_refused_->Increment(static_cast<double>(refused_total - refused_counted_));
+    refused_counted_ = refused_total;
+  }
+}
 
 void Metrics::ObserveStep(StepKind kind, double seconds, int64_t rows, int64_t requests) {
   step_seconds_[KindIndex(kind)]->Observe(seconds);

@@ -7,7 +7,8 @@
 // samplerd_requests_total{kind}, samplerd_errors_total{code} (step and request faults),
 // samplerd_steps_in_flight, samplerd_registered_buffers, samplerd_group_failures_total
 // (context-parallel groups aborted after an error, a missed deadline or a join timeout),
-// samplerd_tls_reload_failures_total, samplerd_tracked_clients, samplerd_mps_client.
+// samplerd_tls_reload_failures_total, samplerd_tracked_clients, samplerd_mps_client,
+// samplerd_connections, samplerd_connections_refused_total.
 // Thread-safe.
 #ifndef SAMPLERD_SERVER_METRICS_H_
 #define SAMPLERD_SERVER_METRICS_H_
@@ -63,6 +64,9 @@ class Metrics final {
   void SetTrackedClients(int count);
   // A TLS re-read that found an unusable key or certificate (server/tls_listener.h).
   void CountTlsReloadFailure();
+  // The connections samplerd's own listeners hold now, and how many they have refused in all
+  // (ConnectionLedger: --max_connections, --max_connections_per_uid).
+  void SetConnections(int open, int64_t refused_total);
   // civetweb's read and write timeout for a metrics client.
   static constexpr int kMetricsRequestTimeoutMs = 1000;
   // The bound HTTP port, or 0 when not serving.
@@ -88,7 +92,10 @@ class Metrics final {
   prometheus::Counter* tls_reload_failures_ = nullptr;
   prometheus::Gauge* tracked_clients_ = nullptr;
   prometheus::Gauge* mps_client_ = nullptr;
-  absl::Mutex mu_;  // guards adding labelled children to errors_
+  prometheus::Gauge* connections_ = nullptr;
+  prometheus::Counter* connections_refused_ = nullptr;
+  absl::Mutex mu_;  // guards adding labelled children to errors_, and refused_counted_
+  int64_t refused_counted_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace samplerd
