@@ -19,6 +19,8 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <system_error>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -70,8 +72,12 @@ class ServerProcess {
     char dir_template[] = "/tmp/samplerd-test-XXXXXX";
     dir_ = mkdtemp(dir_template);
   }
+  // Kills a server still running, and removes its directory (port file, socket, log): the
+  // tests ran thousands of servers into /tmp, and each left its directory behind.
   ~ServerProcess() {
     if (pid_ > 0) Stop(SIGKILL);
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
   }
 
   // Waits at most `timeout_s` for the server's port file.
