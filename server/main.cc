@@ -147,7 +147,7 @@ ABSL_FLAG(int, max_step_channels, 64, "step channels open at once over all clien
 ABSL_FLAG(int, max_channels_per_client, 8, "step channels one client may hold open");
 ABSL_FLAG(int, max_connections, 1024,
           "connections held at once over all clients, on the plaintext TCP listener and the "
-          "unix socket (each costs ~53 KB in gRPC even idle); one more is closed at accept");
+          "unix socket (each holds a descriptor and ~13 KB even idle); one more is closed at accept");
 ABSL_FLAG(int, max_connections_per_uid, 512,
           "connections one local user (the uid the kernel reports for the socket; clients "
           "whose uid is unknown count as one user) may hold at once");

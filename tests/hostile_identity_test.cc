@@ -347,9 +347,9 @@ TEST_F(HostileIdentity, MetricsListenerFollowsTheListenerRuleAndTimesOutSlowClie
 }
 
 
-// An idle TCP connection costs samplerd ~53 KB in gRPC's transport, and nothing closed one
-// that never sent a byte: 15,000 from one unprivileged process took samplerd from 56 MB to
-// 848 MB of RSS (a pod's memory limit ends it there). Now a local user holds at most
+// Nothing closed a connection that never sent a byte, each holding a descriptor and ~13 KB:
+// 15,000 idle ones from one unprivileged process added 191 MiB to samplerd's RSS, and at its
+// descriptor limit samplerd accepted no other client at all. Now a local user holds at most
 // --max_connections_per_uid connections (and all clients --max_connections); one more is
 // closed at accept, another user is still served, and a connection that ends frees its place.
 TEST_F(HostileIdentity, IdleConnectionsAreBoundedPerUser) {
