@@ -130,6 +130,30 @@ TEST(Xtc, SpecWorkedExample) {
             (std::vector<int32_t>{2, -1, -1, -1}));
 }
 
+// Threshold 0: every kept token has p >= 0, so only the least likely stays, with logprob 0,
+// however far below the row's max it lies. Its float weight against that max underflowed to 0
+// (exp(-110)), and the row answered token -1 with logprob -inf under status OK (the step
+// fuzzer's crash-0e0dc1a9: a DRAFT row read from raw bytes). The survivors are weighed
+// against their own max now.
+TEST(Xtc, ThresholdZeroKeepsTheLeastLikelyTokenHoweverFarBelow) {
+  SamplingParams params;
+  params.xtc_probability = 1.0f;
+  params.xtc_threshold = 0.0f;
+  params.top_logprobs = 2;
+  for (uint64_t seed = 1; seed <= 10; ++seed) {
+    params.seq_seed = seed;
+    const RequestResult r = PrefillOne({100, 50, 0, -10}, params).results[0];
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.token_ids, std::vector<int32_t>{3});
+    EXPECT_EQ(r.logprobs[0], 0.0f);
+    EXPECT_EQ(r.top_logprobs[0].token_ids, (std::vector<int32_t>{3, -1}));
+    EXPECT_EQ(r.top_logprobs[0].logprobs[0], 0.0f);
+  }
+  // Near the max the weights never underflowed: the same rule, the same answer.
+  params.seq_seed = 4;
+  EXPECT_EQ(PrefillOne({1, 0.5f, 0, -0.25f}, params).results[0].token_ids, std::vector<int32_t>{3});
+}
+
 // XTC's draw is U(seed + 3000000019, position): replayed here from its key for 200 seeds at
 // probability 0.5, the row is filtered exactly when it falls below (both cases occur), in
 // PREFILL, DRAFT (the DRAFT seed domain and position) and each DECODE row (its own position).

@@ -143,6 +143,7 @@ absl::Status RowProcessor::Process(const LogitsView& logits, int32_t row,
   if (!options.prompt_mode && options.xtc_u < params.xtc_probability) {     // step 8: XTC
     ApplyXtc(params.xtc_threshold);
     SumKept();
+    if (kept_sum_ == 0.0) RebaseKept();
   }
   log_kept_sum_ = std::log(kept_sum_);                                      // step 9
   return absl::OkStatus();
@@ -158,6 +159,28 @@ void RowProcessor::SumKept() {
       if (Kept(t)) kept_sum_ += weights_[t];
     }
   }
+}
+
+void RowProcessor::RebaseKept() {
+  // The survivors are finite (kept), so their weights relative to their own max are not all 0.
+  std::vector<int32_t> kept;
+  if (kept_sorted_) {
+    kept = kept_;
+  } else {
+    for (int32_t t = 0; t < vocab_size_; ++t) {
+      if (Kept(t)) kept.push_back(t);
+    }
+  }
+  if (kept.empty()) return;
+  std::vector<float> scores(kept.size()), weights(kept.size());
+  float top = kNegInf;
+  for (size_t i = 0; i < kept.size(); ++i) {
+    scores[i] = scores_[kept[i]];
+    top = std::max(top, scores[i]);
+  }
+  kept_sum_ = ExpShiftAndSum(scores.data(), static_cast<int32_t>(kept.size()), top, weights.data());
+  for (size_t i = 0; i < kept.size(); ++i) weights_[kept[i]] = weights[i];
+  max_score_ = top;
 }
 
 void RowProcessor::ApplyTopNSigma(float n) {

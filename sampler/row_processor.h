@@ -134,6 +134,10 @@ class RowProcessor {
   void ApplyTopNSigma(float n);
   // SPEC 3 step 8's XTC removal (its draw already made); kept_sum_ must be current.
   void ApplyXtc(float threshold);
+  // After XTC, when every survivor's weight underflowed against the row's max (threshold 0
+  // keeps only the least likely token, which may lie 87 or more below the max): the kept
+  // tokens' weights and max_score_ taken again from the survivors' own max.
+  void RebaseKept();
   void SumKept();
   // Ids of the finite tokens whose cumulative weight in score order first exceeds `mass`,
   // plus every token ranked before them; sorted. May return all finite tokens.
