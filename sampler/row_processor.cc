@@ -150,27 +150,15 @@ absl::Status RowProcessor::Process(const LogitsView& logits, int32_t row,
 }
 
 void RowProcessor::SumKept() {
-  if (kept_sorted_) {
-    kept_sum_ = 0.0;
-    for (int32_t t : kept_) kept_sum_ += weights_[t];
-  } else if (cut_token_ >= 0 || head_count_ > 0) {
-    kept_sum_ = 0.0;
-    for (int32_t t = 0; t < vocab_size_; ++t) {
-      if (Kept(t)) kept_sum_ += weights_[t];
-    }
-  }
+  if (!kept_sorted_ && cut_token_ < 0 && head_count_ == 0) return;  // all finite: total_sum_
+  kept_sum_ = 0.0;
+  ForEachKept([this](int32_t t) { kept_sum_ += weights_[t]; });
 }
 
 void RowProcessor::RebaseKept() {
   // The survivors are finite (kept), so their weights relative to their own max are not all 0.
   std::vector<int32_t> kept;
-  if (kept_sorted_) {
-    kept = kept_;
-  } else {
-    for (int32_t t = 0; t < vocab_size_; ++t) {
-      if (Kept(t)) kept.push_back(t);
-    }
-  }
+  ForEachKept([&kept](int32_t t) { kept.push_back(t); });
   if (kept.empty()) return;
   std::vector<float> scores(kept.size()), weights(kept.size());
   float top = kNegInf;
@@ -386,17 +374,10 @@ int32_t RowProcessor::Draw(double u) const {
 int32_t RowProcessor::DrawFromKeptWeights(const std::function<double(int32_t, double)>& weight,
                                           double u) const {
   entries_.clear();
-  auto visit = [&](int32_t t) {
+  ForEachKept([&](int32_t t) {
     const double w = weight(t, Probability(t));
     if (w > 0.0) entries_.emplace_back(w, t);
-  };
-  if (kept_sorted_) {
-    for (int32_t t : kept_) visit(t);
-  } else {
-    for (int32_t t = 0; t < vocab_size_; ++t) {
-      if (Kept(t)) visit(t);
-    }
-  }
+  });
   if (entries_.empty()) return -1;
   constexpr size_t kSortLimit = 4096;
   if (entries_.size() > kSortLimit) {

@@ -78,6 +78,17 @@ class RowProcessor {
     }
     return s > cut_score_ || (s == cut_score_ && token <= cut_token_);
   }
+  // f(t) for each kept token: the sorted kept set in its order, else in token order.
+  template <typename F>
+  void ForEachKept(F&& f) const {
+    if (kept_sorted_) {
+      for (int32_t t : kept_) f(t);
+      return;
+    }
+    for (int32_t t = 0; t < vocab_size_; ++t) {
+      if (Kept(t)) f(t);
+    }
+  }
   // Processed logprob of `token`: -inf when removed.
   float Logprob(int32_t token) const {
     if (!Kept(token)) return -std::numeric_limits<float>::infinity();
