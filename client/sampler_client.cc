@@ -258,36 +258,7 @@ absl::Status SamplerClient::StepStream::Finish() {
   return FromGrpcStatus(stream_->Finish());
 }
 
-absl::Status SamplerClient::StepStream::Resume(const absl::Status& status) {
-  if (!client_->ShouldWait(status)) return status;
-  if (absl::Status back = client_->AwaitServer(); !back.ok()) return back;
-  if (absl::Status opened = Open(); !opened.ok()) return opened;
-  for (const v1::SampleRequest& request : unanswered_) {
-    if (!stream_->Write(request)) return absl::UnavailableError("SampleStream resumed and lost");
-  }
-  if (in_flight_ != nullptr && !stream_->Write(*in_flight_)) {
-    return absl::UnavailableError("SampleStream resumed and lost");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SamplerClient::StepStream::Write(const v1::SampleRequest& request) {
-  // A stream already finished (an earlier resume failed) is not written or finished again:
-  // gRPC's Finish on a finished call does not return.
-  if (!finished_ && stream_->Write(request)) return absl::OkStatus();
-  absl::Status status = finished_ ? absl::UnavailableError("SampleStream ended") : Finish();
-  if (status.ok()) status = absl::UnavailableError("SampleStream closed by the server");
-  return Resume(status);  // resends `request` with every other unanswered step
-}
-
-absl::Status SamplerClient::StepStream::Send(const v1::SampleRequest& request) {
-  if (closed_) return absl::FailedPreconditionError("the stream is closed");
-  if (absl::Status again = client_->EnsureRegistered(); !again.ok()) return again;
-  unanswered_.push_back(request);
-  return Write(unanswered_.back());
-}
-
-bool SamplerClient::StepStream::Resend(const v1::SampleResponse& response) {
+bool SamplerClient::StepStream::MustResend(const v1::SampleResponse& response) {
   if (!response.has_error()) return false;
   const auto code = static_cast<absl::StatusCode>(response.error().code());
   if (!client_->ShouldWait(absl::Status(code, ""))) return false;
@@ -295,18 +266,66 @@ bool SamplerClient::StepStream::Resend(const v1::SampleResponse& response) {
     // A draining samplerd (a rollout) refuses the steps it reads after the drain began, each
     // with UNAVAILABLE, then ends the stream: they go to the next samplerd. Other per-step
     // UNAVAILABLE answers (a failed context-parallel group) are answers.
-    if (!absl::StrContains(response.error().message(), "samplerd is shutting down")) return false;
-  } else {
-    // NOT_FOUND from a samplerd that restarted without this client noticing: the steps after
-    // this one read the same lost regions, so the stream is ended and every unanswered step
-    // resent, in order, once the regions are registered again.
-    if (!client_->RegistrationsLost()) return false;
+    return absl::StrContains(response.error().message(), "samplerd is shutting down");
+  }
+  // NOT_FOUND from a samplerd that restarted without this client noticing: the steps after
+  // this one read the same lost regions, so every unanswered step is resent, in order, once
+  // the regions are registered again.
+  return code == absl::StatusCode::kNotFound && client_->RegistrationsLost();
+}
+
+absl::Status SamplerClient::StepStream::EndCall(bool cancel) {
+  if (finished_) return absl::UnavailableError("SampleStream ended");
+  if (cancel) {
     context_->TryCancel();
+  } else {
+    stream_->WritesDone();  // a samplerd waiting for the next step ends the call
   }
-  v1::SampleResponse ignored;
-  while (stream_->Read(&ignored)) {
+  v1::SampleResponse response;
+  bool resend = cancel;  // from the first answer that must be resent on: dropped
+  while (stream_->Read(&response)) {
+    if (resend || ahead_.size() >= Sent()) continue;
+    resend = MustResend(response);
+    if (!resend) ahead_.push_back(std::move(response));
   }
-  return true;
+  return Finish();
+}
+
+absl::Status SamplerClient::StepStream::Resume(const absl::Status& status) {
+  if (!client_->ShouldWait(status)) return status;
+  if (absl::Status back = client_->AwaitServer(); !back.ok()) return back;
+  if (absl::Status opened = Open(); !opened.ok()) return opened;
+  // A write that fails here finds the new call broken too: the next Read sees it and resumes
+  // again (Receive bounds how often).
+  size_t i = 0;
+  for (const v1::SampleRequest& request : unanswered_) {
+    if (i++ >= ahead_.size() && !stream_->Write(request)) return absl::OkStatus();
+  }
+  if (in_flight_ != nullptr && i >= ahead_.size()) stream_->Write(*in_flight_);
+  return absl::OkStatus();
+}
+
+absl::Status SamplerClient::StepStream::Write(const v1::SampleRequest& request) {
+  // A stream already finished (an earlier resume failed) is not written or finished again:
+  // gRPC's Finish on a finished call does not return.
+  if (!finished_ && stream_->Write(request)) return absl::OkStatus();
+  absl::Status status = EndCall(/*cancel=*/false);
+  if (status.ok()) status = absl::UnavailableError("SampleStream closed by the server");
+  return Resume(status);  // resends `request` with every other unanswered step
+}
+
+absl::Status SamplerClient::StepStream::Prepare() {
+  if (closed_) return absl::FailedPreconditionError("the stream is closed");
+  const absl::Status again = client_->RegisterAgainIfNeeded();
+  if (again.ok() || !client_->ShouldWait(again)) return again;
+  (void)EndCall(/*cancel=*/false);  // its answers are kept; the rest are resent
+  return Resume(again);
+}
+
+absl::Status SamplerClient::StepStream::Send(const v1::SampleRequest& request) {
+  if (absl::Status ready = Prepare(); !ready.ok()) return ready;
+  unanswered_.push_back(request);
+  return Write(unanswered_.back());
 }
 
 absl::StatusOr<v1::SampleResponse> SamplerClient::StepStream::Receive() {
@@ -314,11 +333,23 @@ absl::StatusOr<v1::SampleResponse> SamplerClient::StepStream::Receive() {
   // A stream may be resumed twice per answer (samplerd restarted twice in a row); a step
   // that takes samplerd down every time is not resent for ever.
   for (int resumed = 0;; ++resumed) {
-    bool resend = false;
-    if (!finished_ && stream_->Read(&response) && !(resend = Resend(response))) break;
-    absl::Status status = finished_ ? absl::UnavailableError("SampleStream ended") : Finish();
-    // Resend ended the stream itself (cancelled, or drained): resume it.
-    if (status.ok() || resend) status = absl::UnavailableError("SampleStream ended by the server");
+    if (!ahead_.empty()) {
+      response = std::move(ahead_.front());
+      ahead_.pop_front();
+      break;
+    }
+    absl::Status status;
+    if (!finished_ && stream_->Read(&response)) {
+      if (!MustResend(response)) break;
+      // This step and the later ones go to the next samplerd (or the same one, its regions
+      // registered again): the call's other answers are dropped with it.
+      status = absl::UnavailableError(
+          absl::StrCat("SampleStream step refused: ", response.error().message()));
+      (void)EndCall(/*cancel=*/true);
+    } else {
+      status = EndCall(/*cancel=*/false);  // Read failed: no answer is left to keep
+      if (status.ok()) status = absl::UnavailableError("SampleStream ended by the server");
+    }
     if (resumed == 2) return status;
     if (absl::Status back = Resume(status); !back.ok()) return back;
   }
@@ -336,27 +367,24 @@ absl::StatusOr<v1::SampleResponse> SamplerClient::StepStream::Step(
     if (absl::Status sent = Send(request); !sent.ok()) return sent;
     return Receive();
   }
-  if (closed_) return absl::FailedPreconditionError("the stream is closed");
-  if (absl::Status again = client_->EnsureRegistered(); !again.ok()) return again;
+  if (absl::Status ready = Prepare(); !ready.ok()) return ready;
   // Borrowed, not copied: Step waits for the answer.
   in_flight_ = &request;
   absl::Status sent = Write(request);
   absl::StatusOr<v1::SampleResponse> response =
       sent.ok() ? Receive() : absl::StatusOr<v1::SampleResponse>(sent);
   in_flight_ = nullptr;
+  ahead_.clear();  // none: Receive took the answer or the stream failed
   return response;
 }
 
 absl::Status SamplerClient::StepStream::Close() {
   closed_ = true;
   if (finished_) return absl::OkStatus();
-  stream_->WritesDone();
-  v1::SampleResponse ignored;
-  while (stream_->Read(&ignored)) {
-  }
-  absl::Status status = Finish();
+  const size_t sent = Sent();
+  absl::Status status = EndCall(/*cancel=*/false);
   // A stream that samplerd's restart broke while it was idle lost nothing.
-  if (absl::IsUnavailable(status) && unanswered_.empty()) return absl::OkStatus();
+  if (absl::IsUnavailable(status) && sent == 0) return absl::OkStatus();
   return status;
 }
 

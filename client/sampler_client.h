@@ -86,16 +86,30 @@ class SamplerClient final {
     friend class SamplerClient;
     explicit StepStream(SamplerClient* client) : client_(client) {}
     absl::Status Open();
+    // Registers again what samplerd lost before a step is sent; when samplerd is going or
+    // coming back, this stream's call is ended first (a draining samplerd waits for its open
+    // calls to end, so waiting for the next one with the call open would wait out the old
+    // one's shutdown deadline) and then resumed.
+    absl::Status Prepare();
     // Writes `request` (already in unanswered_, or in_flight_); a broken stream is resumed.
     absl::Status Write(const v1::SampleRequest& request);
+    // Ends the current call: half-closes it, reads every answer it still brings (gRPC gives a
+    // call's status only once all its messages have been read: Finish without reading them
+    // can wait for ever) and keeps those that answer a sent step in ahead_, up to the first
+    // that must be resent. `cancel` (after an answer that must be resent: the later ones go
+    // with it) cancels the call and keeps none. Returns the call's status.
+    absl::Status EndCall(bool cancel);
     // After the stream broke with `status`: waits for samplerd, opens a new stream and resends
-    // every step without an answer. Returns `status` when it is not a broken connection or
-    // the client does not wait.
+    // every step without an answer (those past ahead_). Returns `status` when it is not a
+    // broken connection or the client does not wait.
     absl::Status Resume(const absl::Status& status);
     absl::Status Finish();  // the call's status, once per opened stream
     // Whether `response` is an error the client recovers from by resending (a draining
-    // samplerd's refusal, or regions a restarted samplerd forgot); if so, ends the stream.
-    bool Resend(const v1::SampleResponse& response);
+    // samplerd's refusal, or regions a restarted samplerd forgot): this step and every later
+    // one of the call go to the next stream.
+    bool MustResend(const v1::SampleResponse& response);
+    // Steps written and not yet answered to the caller: unanswered_, then in_flight_.
+    size_t Sent() const { return unanswered_.size() + (in_flight_ != nullptr ? 1 : 0); }
     SamplerClient* const client_;
     std::unique_ptr<grpc::ClientContext> context_;
     std::unique_ptr<grpc::ClientReaderWriter<v1::SampleRequest, v1::SampleResponse>> stream_;
@@ -103,6 +117,9 @@ class SamplerClient final {
     // borrowed (in_flight_, after them) since Step waits for its answer.
     std::deque<v1::SampleRequest> unanswered_;
     const v1::SampleRequest* in_flight_ = nullptr;
+    // Answers of the first ahead_.size() sent steps, read from a call that ended (EndCall)
+    // before the caller asked for them: Receive returns them first, and they are not resent.
+    std::deque<v1::SampleResponse> ahead_;
     bool closed_ = false;
     bool finished_ = false;
   };

@@ -35,6 +35,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "grpc/health/v1/health.pb.h"
 #include "sampler/cpu_backend.h"
 #ifdef SAMPLERD_WITH_CUDA
@@ -154,6 +155,9 @@ ABSL_FLAG(int, max_connections_per_uid, 512,
 ABSL_FLAG(int, shutdown_grace_ms, 0,
           "on SIGTERM, report NOT_SERVING this long before refusing new steps");
 ABSL_FLAG(int, shutdown_deadline_ms, 10000, "then answer accepted steps for at most this long");
+ABSL_FLAG(int, drain_idle_stream_ms, 1000,
+          "while draining, end a SampleStream that has sent no step for this long (a worker "
+          "between steps is refused at its next one; an idle one would hold the drain)");
 ABSL_FLAG(std::string, port_file, "",
           "once serving, write the bound gRPC port and the metrics port (0 = off), one a line");
 ABSL_FLAG(std::string, log_level, "info", "trace | debug | info | warn | error");
@@ -555,9 +559,20 @@ int Serve() {
   // No new connections from here on; those open are drained by Shutdown.
   for (auto& listener : local_listeners) listener->Stop();
   service.StartDraining();
+  // Shutdown waits for every open call: a stream whose worker sends no more steps is ended
+  // after --drain_idle_stream_ms rather than at the deadline.
+  absl::Notification drained;
+  std::thread idle_streams([&service, &drained] {
+    if (!drained.WaitForNotificationWithTimeout(
+            absl::Milliseconds(absl::GetFlag(FLAGS_drain_idle_stream_ms)))) {
+      service.CancelIdleStreams();
+    }
+  });
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(absl::GetFlag(FLAGS_shutdown_deadline_ms)));
   server->Wait();
+  drained.Notify();
+  idle_streams.join();
   // Groups last: steps that held one have been answered; followers get a closing packet.
   groups.Shutdown(absl::Seconds(2));
   spdlog::info("samplerd stopped: {} steps read, {} answered", service.steps_read(),

@@ -291,7 +291,16 @@ absl::StatusOr<ShmOpenOptions> SamplerService::ShmOptionsFor(const grpc::ServerC
   return shm;
 }
 
-absl::Status SamplerService::AdmitStream(const std::string& client) {
+void SamplerService::CancelIdleStreams() {
+  absl::MutexLock lock(&streams_mu_);
+  // Under the lock: a handler leaves the set before its context goes. One that marks itself
+  // idle after draining_ was set sees it before it reads (both seq_cst), and ends itself.
+  for (StreamHandler* handler : stream_handlers_) {
+    if (draining_.load() && handler->idle.load()) handler->context->TryCancel();
+  }
+}
+
+absl::Status SamplerService::AdmitStream(const std::string& client, StreamHandler* handler) {
   absl::MutexLock lock(&streams_mu_);
   if (open_streams_ >= options_.max_open_streams) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -306,6 +315,7 @@ absl::Status SamplerService::AdmitStream(const std::string& client) {
   }
   ++mine;
   ++open_streams_;
+  stream_handlers_.insert(handler);
   // Under the lock, so that the health transitions come in the order the counts change.
   if (open_streams_ == options_.max_open_streams && options_.on_accepting_streams) {
     options_.on_accepting_streams(false);
@@ -313,8 +323,9 @@ absl::Status SamplerService::AdmitStream(const std::string& client) {
   return absl::OkStatus();
 }
 
-void SamplerService::EndStream(const std::string& client) {
+void SamplerService::EndStream(const std::string& client, StreamHandler* handler) {
   absl::MutexLock lock(&streams_mu_);
+  stream_handlers_.erase(handler);
   auto it = streams_by_client_.find(client);
   if (it != streams_by_client_.end() && --it->second <= 0) streams_by_client_.erase(it);
   if (open_streams_-- == options_.max_open_streams && options_.on_accepting_streams) {
@@ -336,9 +347,10 @@ grpc::Status SamplerService::SampleStream(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::SampleResponse, v1::SampleRequest>* stream) {
   const std::string pool_scope = ClientScope(*context);
+  StreamHandler handler{context};
   // A bounded number of streams, of all clients and of this one (each holds a thread): one
   // client cannot take every thread (issue 45).
-  if (absl::Status admitted = AdmitStream(pool_scope); !admitted.ok()) {
+  if (absl::Status admitted = AdmitStream(pool_scope, &handler); !admitted.ok()) {
     metrics_.CountError(admitted.code());
     spdlog::warn("{} refused: {}", pool_scope, std::string(admitted.message()));
     return ToGrpcStatus(admitted);
@@ -350,32 +362,40 @@ grpc::Status SamplerService::SampleStream(
   struct StreamEnd {
     SamplerService& service;
     const std::string& client;
-    grpc::ServerContext* context;
-    bool written = true;
+    StreamHandler& handler;
+    bool dropped = false;
     ~StreamEnd() {
-      service.EndStream(client);
+      service.EndStream(client, &handler);
       service.metrics_.AddOpenStreams(-1);
-      if (service.leases_.StreamEnded(client, context->IsCancelled() || !written, absl::Now())) {
+      if (service.leases_.StreamEnded(client, dropped, absl::Now())) {
         service.ReleaseOwner(client, "stream_dropped");
       }
     }
-  } stream_end{*this, pool_scope, context};
+  } stream_end{*this, pool_scope, handler};
+  const grpc::Status drained(grpc::StatusCode::UNAVAILABLE,
+                             "samplerd is shutting down; every step read was answered");
   const bool privileged = options_.access.Privileged(*context);
   v1::SampleRequest request;
-  while (stream->Read(&request)) {
+  for (;;) {
+    handler.idle.store(true);
+    if (draining_.load()) return drained;  // a stream opened, or answered, while draining
+    const bool read = stream->Read(&request);
+    handler.idle.store(false);
+    if (!read) break;
     v1::SampleResponse response;
     AnswerStep(request, pool_scope, privileged, &response);
-    const bool written = stream->Write(response);
-    if (!written) {
-      stream_end.written = false;
+    if (!stream->Write(response)) {
+      stream_end.dropped = true;
       return grpc::Status(grpc::StatusCode::CANCELLED, "client gone");
     }
-    if (draining_.load()) {
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          "samplerd is shutting down; every step read was answered");
-    }
+    if (draining_.load()) return drained;
   }
-  if (context->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+  if (context->IsCancelled()) {
+    // Cancelled by the client (gone), or by CancelIdleStreams while it waited for a step: then
+    // the client is not gone, samplerd is.
+    stream_end.dropped = !draining_.load();
+    return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+  }
   return grpc::Status::OK;
 }
 

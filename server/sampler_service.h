@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "samplerd/v1/sampler.grpc.pb.h"
@@ -118,6 +119,11 @@ class SamplerService final : public v1::Sampler::Service {
 
   // From now on steps are refused with UNAVAILABLE; steps already admitted are answered.
   void StartDraining() { draining_.store(true); }
+  // Ends the streams (CANCELLED) that wait for a step while draining: a worker that sent none
+  // since the drain began (main waits --drain_idle_stream_ms first) would otherwise hold the
+  // drain, and with it the next samplerd, until the shutdown deadline. A worker's step that
+  // crosses the cancel is resent by its client to the next samplerd.
+  void CancelIdleStreams();
 
   // Steps read from clients, and steps whose response was handed back to gRPC (answered,
   // with results or an error): equal once the server has drained.
@@ -195,13 +201,21 @@ class SamplerService final : public v1::Sampler::Service {
   // (ShmOpenOptions::opener); PERMISSION_DENIED naming `field` when samplerd cannot tell it.
   absl::StatusOr<ShmOpenOptions> ShmOptionsFor(const grpc::ServerContext& context,
                                                absl::string_view field) const;
+  // An open SampleStream's handler as a drain sees it: `idle` while it waits in Read for the
+  // next step (StartDraining cancels those).
+  struct StreamHandler {
+    grpc::ServerContext* context;
+    std::atomic<bool> idle{false};
+  };
   // Open SampleStreams, in all and by client scope.
   absl::Mutex streams_mu_;
   int open_streams_ ABSL_GUARDED_BY(streams_mu_) = 0;
   absl::flat_hash_map<std::string, int> streams_by_client_ ABSL_GUARDED_BY(streams_mu_);
-  // Takes a stream slot for `client`, or says which limit is reached.
-  absl::Status AdmitStream(const std::string& client);
-  void EndStream(const std::string& client);
+  absl::flat_hash_set<StreamHandler*> stream_handlers_ ABSL_GUARDED_BY(streams_mu_);
+  // Takes a stream slot for `client` (`handler` is listed until EndStream), or says which
+  // limit is reached.
+  absl::Status AdmitStream(const std::string& client, StreamHandler* handler);
+  void EndStream(const std::string& client, StreamHandler* handler);
   std::atomic<int> tls_port_{0};
   // Closes and logs the owner's channels (`why`: ReleaseOwner's reason), or with owner ""
   // those their workers closed.

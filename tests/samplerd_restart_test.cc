@@ -108,7 +108,7 @@ class Reference {
 };
 
 TEST(SamplerdRestart, DecodeLoopSurvivesRestartsWithoutCodeOfItsOwn) {
-  ServerProcess server(g_samplerd, {"--threads=2", "--registration_lease_ms=900"});
+  ServerProcess server(g_samplerd, {"--threads=2"});
   server.set_unix_socket();
   ASSERT_TRUE(server.Start().ok());
   ClientOptions options;
@@ -234,6 +234,47 @@ TEST(SamplerdRestart, DecodeLoopSurvivesRestartsWithoutCodeOfItsOwn) {
   client->reset();
   shm->reset();
   EXPECT_EQ(server.Stop(SIGTERM), 0);
+}
+
+// A rollout while the worker is between steps, with an answer it has not read yet: the
+// draining samplerd ends the waiting stream at once (not at its shutdown deadline, 30 s here),
+// and the worker's next Send, which finds the call ended, keeps that answer (gRPC gives the
+// ended call's status only once it is read) and resends only the new step to the next samplerd.
+TEST(SamplerdRestart, RolloutBetweenStepsKeepsTheUnreadAnswer) {
+  g_phase = "rollout between steps";
+  ServerProcess server(g_samplerd, {"--threads=2", "--shutdown_deadline_ms=30000"});
+  server.set_unix_socket();
+  ASSERT_TRUE(server.Start().ok());
+  ClientOptions options;
+  options.reconnect_timeout = std::chrono::seconds(20);
+  auto client = SamplerClient::Connect("unix:" + server.unix_socket_path(), options);
+  ASSERT_TRUE(client.ok());
+  const std::string prefix = "samplerd-rollout-" + std::to_string(std::random_device()());
+  auto shm = ShmBuffer::Create("/" + prefix, kSlots * kSlotBytes);
+  ASSERT_TRUE(shm.ok()) << shm.status();
+  ASSERT_TRUE((*client)->RegisterShm("decode-logits", **shm).ok());
+  auto stream = (*client)->OpenStream();
+  ASSERT_TRUE(stream.ok());
+  Reference reference;
+  std::vector<v1::SampleRequest> inline_copies(2);
+  ASSERT_TRUE((*stream)->Send(MakeStep(300, **shm, &inline_copies[0])).ok());
+  // The answer reaches this process and stays unread; samplerd's stream waits for a step.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto drain_start = std::chrono::steady_clock::now();
+  server.Signal(SIGTERM);
+  ASSERT_EQ(server.Wait(), 0);
+  const double drain_ms = std::chrono::duration<double, std::milli>(
+                              std::chrono::steady_clock::now() - drain_start).count();
+  EXPECT_LT(drain_ms, 10000) << "the drain waited for the idle stream";
+  ASSERT_TRUE(server.Start().ok());
+  ASSERT_TRUE((*stream)->Send(MakeStep(301, **shm, &inline_copies[1])).ok());
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<v1::SampleResponse> response = (*stream)->Receive();
+    ASSERT_TRUE(response.ok()) << response.status();
+    EXPECT_TRUE(reference.Agrees(inline_copies[i], *response));
+  }
+  EXPECT_TRUE((*stream)->Close().ok());
+  std::printf("a rollout between steps drained in %.0f ms\n", drain_ms);
 }
 
 // Without waiting (reconnect_timeout 0) a step that finds samplerd gone fails with one clear

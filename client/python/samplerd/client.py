@@ -574,7 +574,15 @@ class StepStream:
     def send(self, request):
         if self._closed:
             raise SamplerError(grpc.StatusCode.CANCELLED, "the stream is closed")
-        self._client._register_again_if_needed()
+        try:
+            self._client._register_again_if_needed()
+        except SamplerError as e:
+            if not self._client._should_wait(e.code):
+                raise
+            # samplerd is going or coming back: this call is ended before waiting for the next
+            # samplerd (a draining one waits for its open calls), then the stream resumed.
+            e.__traceback__ = None
+            self._resume()
         self._unanswered.append(request)
         self._queue.put(request)
 
@@ -811,7 +819,13 @@ class AsyncStepStream:
                 break
 
     async def send(self, request):
-        await self._client._register_again_if_needed()
+        try:
+            await self._client._register_again_if_needed()
+        except SamplerError as e:
+            if not self._client._should_wait(e.code):
+                raise
+            e.__traceback__ = None
+            await self._resume()  # as StepStream.send: the call ends before the wait
         self._unanswered.append(request)
         try:
             await self._call.write(request)

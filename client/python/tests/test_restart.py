@@ -155,6 +155,32 @@ def test_asyncio_decode_loop_survives_restarts(tmp_path, reference):
     assert samplerd_.server.stop() == 0
 
 
+def test_rollout_between_steps_keeps_the_unread_answer(tmp_path, reference):
+    """A rollout while the worker is between steps, with an answer it has not read: the
+    draining samplerd ends the waiting stream at once rather than at its shutdown deadline
+    (30 s here), and the next step goes to the next samplerd."""
+    samplerd_ = Restartable(tmp_path)
+    samplerd_.server.stop()
+    samplerd_.server = Server(tmp_path, "--shutdown_deadline_ms=30000", unix_socket=True)
+    region = samplerd.ShmRegion(SLOTS * ROWS * VOCAB * 4, name=f"/samplerd-pyroll-{os.getpid()}")
+    with samplerd.SamplerClient(samplerd_.target, reconnect_timeout=20) as client:
+        client.wait_ready()
+        client.register_shm(region, "decode-logits")
+        with client.stream() as stream:
+            stream.send(client.build(write_step(region, 0), requests(0), step_id=1))
+            time.sleep(0.3)  # the answer arrives and stays unread
+            start = time.monotonic()
+            assert samplerd_.server.stop() == 0
+            drained_s = time.monotonic() - start
+            samplerd_.start()
+            stream.send(client.build(write_step(region, 1), requests(1), step_id=2))
+            assert answer(stream.recv()) == reference[0]
+            assert answer(stream.recv()) == reference[1]
+        assert drained_s < 10, f"the drain waited {drained_s:.1f} s for the idle stream"
+    region.close()
+    assert samplerd_.server.stop() == 0
+
+
 def test_a_client_that_does_not_wait_fails_at_once(tmp_path):
     samplerd_ = Restartable(tmp_path)
     with samplerd.SamplerClient(samplerd_.target, reconnect_timeout=0) as client:
