@@ -299,6 +299,53 @@ TEST(CudaBackend, TopNSigmaXtcAndRawLogprobsMatchCpu) {
               tally.requests, tally.token_mismatches, tally.compared_logprobs);
 }
 
+// XTC at threshold 0 keeps only the least likely kept token: its logprob is log(1) = 0 however
+// far below the row's max it lies. Weighed against that max in float, a survivor 88-103 below
+// is a subnormal (its logprob came out up to ~0.3 off 0) and one 104 or more below weighs 0
+// (the kept sum 0, its log -inf). Each row: the max at token 5, the survivor `gap` below it at
+// token 9, the rest -inf; on the fused path (top-k 2, V = 32,000), the general one (top-k off)
+// and the three-kernel one (V = 400,000).
+TEST(CudaBackend, XtcAtThresholdZeroWeighsTheSurvivorAgainstItself) {
+  auto gpu = Gpu();
+  ASSERT_NE(gpu, nullptr);
+  auto cpu = Cpu();
+  const std::vector<float> gaps = {10.0f, 88.0f, 95.0f, 103.0f, 110.0f, 1000.0f};
+  const int rows = static_cast<int>(gaps.size());
+  CompareTally tally;
+  for (int32_t vocab : {32000, 400000}) {
+    for (int32_t top_k : {2, -1}) {
+      HostLogits logits(rows, vocab);
+      for (float& v : logits.values) v = -INFINITY;
+      for (int r = 0; r < rows; ++r) {
+        logits.Row(r)[5] = 0.0f;
+        logits.Row(r)[9] = -gaps[r];
+      }
+      Step step = MakeStep(StepKind::kPrefill, logits, vocab);
+      for (int r = 0; r < rows; ++r) {
+        RequestInputs q = PrefillRequest("x" + std::to_string(r), r, 11 + r);
+        q.params.xtc_probability = 1.0f;
+        q.params.xtc_threshold = 0.0f;
+        q.params.top_k = top_k;
+        q.params.top_logprobs = 2;
+        step.requests.push_back(q);
+      }
+      const StepResult got = RunStep(*gpu, step);
+      const std::string where =
+          "V=" + std::to_string(vocab) + " top_k=" + std::to_string(top_k);
+      for (int r = 0; r < rows; ++r) {
+        const RequestResult& res = got.results[r];
+        ASSERT_TRUE(res.status.ok()) << where << " gap " << gaps[r] << ": " << res.status;
+        EXPECT_EQ(res.token_ids, std::vector<int32_t>{9}) << where << " gap " << gaps[r];
+        EXPECT_EQ(res.logprobs, std::vector<float>{0.0f}) << where << " gap " << gaps[r];
+        ASSERT_EQ(res.top_logprobs.size(), 1u);
+        EXPECT_EQ(res.top_logprobs[0].token_ids, (std::vector<int32_t>{9, -1})) << where;
+        EXPECT_EQ(res.top_logprobs[0].logprobs[0], 0.0f) << where << " gap " << gaps[r];
+      }
+      CompareWithCpu(RunStep(*cpu, step), got, tally, "xtc threshold 0 " + where, step);
+    }
+  }
+}
+
 // Issue 50 on the fast paths, small enough for compute-sanitizer. SPEC 3 step 4's cut at the
 // population deviation: finite values [4, 2.5, 2, 0] spread over V = 32,000 (the rest -inf),
 // n = 1: M - σ = 2.569 removes 2.5, which a sample deviation (M - 1.652 = 2.348) would keep.

@@ -141,9 +141,7 @@ absl::Status RowProcessor::Process(const LogitsView& logits, int32_t row,
   if (!options.prompt_mode && params.min_p > 0.0f) ApplyMinP(params.min_p);  // step 8
   SumKept();
   if (!options.prompt_mode && options.xtc_u < params.xtc_probability) {     // step 8: XTC
-    ApplyXtc(params.xtc_threshold);
-    SumKept();
-    if (kept_sum_ == 0.0) RebaseKept();
+    if (ApplyXtc(params.xtc_threshold)) RebaseKept();
   }
   log_kept_sum_ = std::log(kept_sum_);                                      // step 9
   return absl::OkStatus();
@@ -156,7 +154,7 @@ void RowProcessor::SumKept() {
 }
 
 void RowProcessor::RebaseKept() {
-  // The survivors are finite (kept), so their weights relative to their own max are not all 0.
+  // The survivors are finite (kept), so their weights relative to their own max are >= 1.
   std::vector<int32_t> kept;
   ForEachKept([&kept](int32_t t) { kept.push_back(t); });
   if (kept.empty()) return;
@@ -198,7 +196,7 @@ void RowProcessor::ApplyTopNSigma(float n) {
   }
 }
 
-void RowProcessor::ApplyXtc(float threshold) {
+bool RowProcessor::ApplyXtc(float threshold) {
   // The kept tokens with p >= threshold, best first: a prefix of the kept order (p grows with
   // the score), so the sorted kept set's front, or found by a pass and sorted.
   const double limit = static_cast<double>(threshold);
@@ -215,13 +213,14 @@ void RowProcessor::ApplyXtc(float threshold) {
     }
     SortByScore(scores_.data(), &top);
   }
-  if (top.size() < 2) return;
+  if (top.size() < 2) return false;
   // Every one of them but the last (the least likely; among equals the highest id) goes.
   const size_t removed = top.size() - 1;
   head_count_ = static_cast<int64_t>(removed);
   head_score_ = scores_[top[removed - 1]];
   head_token_ = top[removed - 1];
   if (kept_sorted_) kept_.erase(kept_.begin(), kept_.begin() + static_cast<ptrdiff_t>(removed));
+  return true;
 }
 
 void RowProcessor::RawTop(int32_t n, TopLogprobs* out) const {

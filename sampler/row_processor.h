@@ -143,11 +143,13 @@ class RowProcessor {
   void ApplyMinP(float min_p);
   // SPEC 3 step 4's top-nσ on the values before temperature.
   void ApplyTopNSigma(float n);
-  // SPEC 3 step 8's XTC removal (its draw already made); kept_sum_ must be current.
-  void ApplyXtc(float threshold);
-  // After XTC, when every survivor's weight underflowed against the row's max (threshold 0
-  // keeps only the least likely token, which may lie 87 or more below the max): the kept
-  // tokens' weights and max_score_ taken again from the survivors' own max.
+  // SPEC 3 step 8's XTC removal (its draw already made); kept_sum_ must be current. Whether
+  // it removed any token.
+  bool ApplyXtc(float threshold);
+  // After XTC removed the row's max: the kept tokens' weights, kept_sum_ and max_score_ taken
+  // again from the survivors' own max. Against the row's max, survivors far below it (threshold
+  // 0 keeps only the least likely token) weigh a subnormal float or 0: a lone survivor 95
+  // below the max got logprob 1e-4 instead of 0, one 104 or more below was token -1.
   void RebaseKept();
   void SumKept();
   // Ids of the finite tokens whose cumulative weight in score order first exceeds `mass`,

@@ -141,6 +141,9 @@ MUTANTS = [
     ("xtc-keeps-the-first", "sampler/row_processor.cc",
      "  head_score_ = scores_[top[removed - 1]];\n  head_token_ = top[removed - 1];",
      "  head_score_ = scores_[top[removed]];\n  head_token_ = top[removed];", SAMPLER, 0),
+    ("xtc-no-rebase", "sampler/row_processor.cc",
+     "    if (ApplyXtc(params.xtc_threshold)) RebaseKept();",
+     "    if (ApplyXtc(params.xtc_threshold)) SumKept();", SAMPLER, 0),
     ("xtc-draft-seed-domain", "sampler/spec_rules.h",
      "return UniformDouble(seed + kXtcSeedOffset, position);",
      "return UniformDouble(seed + kDraftSeedOffset, position);", SAMPLER, 0),
@@ -193,6 +196,8 @@ GPU_MUTANTS = [
      "    fallback(sigma);  // a top-nσ row's xs holds the cut", "    fallback(false);  // a top-nσ row's xs holds the cut", 0),
     ("gpu-finish-xtc-removes-the-last-too", "cuda/kernels/finish.cuh",
      "return !(weight(i) / Zk >= limit); }) - 1;", "return !(weight(i) / Zk >= limit); });", 0),
+    ("gpu-finish-xtc-no-rebase", "cuda/kernels/finish.cuh",
+     "      M = sh.cand_s[0];\n", "", 0),
     # Issue 50's RAW logprobs on the fast paths (RawLogprobsKernel).
     ("gpu-raw-kernel-applies-updates", "cuda/raw_logprobs.cu",
      "  as_sent.update_end = as_sent.update_begin;\n", "", 0),

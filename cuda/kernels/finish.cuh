@@ -96,6 +96,11 @@ static __device__ void FinishCandidates(Shared& sh, const RowJob& job, RowResult
         sh.cand_id[i] = ids[i];
       }
       __syncthreads();
+      // The survivors weighed against their own max (the rest below reads M through `weight`
+      // and lp_at): against the row's, one far below it weighs a subnormal float or 0 (threshold
+      // 0 keeps only the least likely token), and its logprob came out off 0 or the sum 0. The
+      // CPU backend rebases the same way (RowProcessor::RebaseKept).
+      M = sh.cand_s[0];
       Zk = PrefixSums(sh, kept, weight);
     }
   }
