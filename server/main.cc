@@ -73,6 +73,9 @@ ABSL_FLAG(std::vector<std::string>, tls_allowed_clients, {},
           "OpenStepChannel) and name registered buffers, groups or CUDA events in steps; other "
           "clients may only sample with inline logits. Empty: every client may");
 ABSL_FLAG(int, tls_reload_interval_s, 60, "how often the TLS files are re-read (seconds)");
+ABSL_FLAG(int, tls_handshake_timeout_ms, 10000,
+          "a TLS connection whose handshake is not done within this long is closed (gRPC's "
+          "default is 120 s: a peer without a certificate could hold a descriptor that long)");
 ABSL_FLAG(std::string, tls_state_dir, "",
           "a writable directory for the checked copies of the TLS files that gRPC reads "
           "(default $TMPDIR or /tmp; a read-only root filesystem needs a volume here)");
@@ -480,6 +483,11 @@ int Serve() {
       port = (*tcp)->port();
       local_listeners.push_back(std::move(*tcp));
     } else {
+      // The TLS listener is gRPC's, so LocalListener's connection limits do not apply to it;
+      // what bounds a peer that connects and never completes a handshake (no certificate, or
+      // none at all) is this timeout.
+      builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                                 std::max(1, absl::GetFlag(FLAGS_tls_handshake_timeout_ms)));
       builder.AddListeningPort(listen, credentials->credentials, &tls_port);
       tls_mirror = std::move(credentials->mirror);
     }

@@ -283,3 +283,25 @@ def test_one_certificate_cannot_use_or_remove_anothers_regions(pki, tmp_path):
             region.close()
     finally:
         assert s.stop() == 0
+
+
+def test_a_connection_that_never_handshakes_is_closed(pki, tmp_path):
+    """A peer that connects to the TLS port and sends nothing (no certificate, no ClientHello)
+    is closed after --tls_handshake_timeout_ms (gRPC's default would hold it 120 s), while a
+    client that handshakes is served."""
+    s = Server(tmp_path, f"--tls_cert_file={pki / 'current' / 'tls.crt'}",
+               f"--tls_key_file={pki / 'current' / 'tls.key'}",
+               f"--tls_client_ca_file={pki / 'ca.pem'}", "--tls_handshake_timeout_ms=500")
+    try:
+        silent = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(4)]
+        start = time.monotonic()
+        for sock in silent:
+            sock.settimeout(10)
+            assert sock.recv(1) == b"", "the server sent something to a silent peer"
+            sock.close()
+        closed_after = time.monotonic() - start
+        assert closed_after < 5, f"silent connections held {closed_after:.1f} s"
+        with client_for(s, pki, "worker-a") as c:
+            assert inline_step(c)["r0"].token_ids.tolist() == [1]
+    finally:
+        assert s.stop() == 0
