@@ -202,7 +202,7 @@ class SamplerService final : public v1::Sampler::Service {
   absl::StatusOr<ShmOpenOptions> ShmOptionsFor(const grpc::ServerContext& context,
                                                absl::string_view field) const;
   // An open SampleStream's handler as a drain sees it: `idle` while it waits in Read for the
-  // next step (StartDraining cancels those).
+  // next step (CancelIdleStreams cancels those).
   struct StreamHandler {
     grpc::ServerContext* context;
     std::atomic<bool> idle{false};

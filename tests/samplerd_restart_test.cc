@@ -108,7 +108,7 @@ class Reference {
 };
 
 TEST(SamplerdRestart, DecodeLoopSurvivesRestartsWithoutCodeOfItsOwn) {
-  ServerProcess server(g_samplerd, {"--threads=2"});
+  ServerProcess server(g_samplerd, {"--threads=2", "--registration_lease_ms=900"});
   server.set_unix_socket();
   ASSERT_TRUE(server.Start().ok());
   ClientOptions options;
@@ -237,7 +237,8 @@ TEST(SamplerdRestart, DecodeLoopSurvivesRestartsWithoutCodeOfItsOwn) {
 }
 
 // A rollout while the worker is between steps, with an answer it has not read yet: the
-// draining samplerd ends the waiting stream at once (not at its shutdown deadline, 30 s here),
+// draining samplerd ends the waiting stream after --drain_idle_stream_ms (1 s), not at its
+// shutdown deadline (30 s here),
 // and the worker's next Send, which finds the call ended, keeps that answer (gRPC gives the
 // ended call's status only once it is read) and resends only the new step to the next samplerd.
 TEST(SamplerdRestart, RolloutBetweenStepsKeepsTheUnreadAnswer) {
