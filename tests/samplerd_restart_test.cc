@@ -107,21 +107,44 @@ class Reference {
   std::unique_ptr<CpuBackend> backend_;
 };
 
+// What a worker's decode loop starts from: a client of `server` (its unix socket) that waits
+// up to 20 s for samplerd to come back, a region /`prefix` of kSlots steps registered as
+// "decode-logits", and a SampleStream open.
+struct DecodeWorker {
+  std::unique_ptr<SamplerClient> client;
+  std::unique_ptr<ShmBuffer> shm;
+  std::unique_ptr<SamplerClient::StepStream> stream;
+};
+
+absl::StatusOr<DecodeWorker> StartDecodeWorker(ServerProcess& server, const std::string& prefix) {
+  ClientOptions options;
+  options.reconnect_timeout = std::chrono::seconds(20);
+  DecodeWorker worker;
+  auto client = SamplerClient::Connect("unix:" + server.unix_socket_path(), options);
+  if (!client.ok()) return client.status();
+  worker.client = *std::move(client);
+  auto shm = ShmBuffer::Create("/" + prefix, kSlots * kSlotBytes);
+  if (!shm.ok()) return shm.status();
+  worker.shm = *std::move(shm);
+  if (absl::Status registered = worker.client->RegisterShm("decode-logits", *worker.shm);
+      !registered.ok()) {
+    return registered;
+  }
+  auto stream = worker.client->OpenStream();
+  if (!stream.ok()) return stream.status();
+  worker.stream = *std::move(stream);
+  return worker;
+}
+
 TEST(SamplerdRestart, DecodeLoopSurvivesRestartsWithoutCodeOfItsOwn) {
   ServerProcess server(g_samplerd, {"--threads=2", "--registration_lease_ms=900"});
   server.set_unix_socket();
   ASSERT_TRUE(server.Start().ok());
-  ClientOptions options;
-  options.reconnect_timeout = std::chrono::seconds(20);
-  auto client = SamplerClient::Connect("unix:" + server.unix_socket_path(), options);
-  ASSERT_TRUE(client.ok());
   // Random, not the pid: tests in sandboxes of their own may share a pid and /dev/shm.
   const std::string prefix = "samplerd-restart-" + std::to_string(std::random_device()());
-  auto shm = ShmBuffer::Create("/" + prefix, kSlots * kSlotBytes);
-  ASSERT_TRUE(shm.ok()) << shm.status();
-  ASSERT_TRUE((*client)->RegisterShm("decode-logits", **shm).ok());
-  auto stream = (*client)->OpenStream();
-  ASSERT_TRUE(stream.ok());
+  absl::StatusOr<DecodeWorker> worker = StartDecodeWorker(server, prefix);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  auto& [client, shm, stream] = *worker;
 
   auto restart = [&server] {
     server.Stop(SIGKILL);
@@ -135,7 +158,7 @@ TEST(SamplerdRestart, DecodeLoopSurvivesRestartsWithoutCodeOfItsOwn) {
     g_phase = s == 20 ? "step 20 (samplerd gone)" : s == 40 ? "step 40 (killed mid-step)"
               : s == 60 ? "step 60 (restarted between steps)" : "decode loop";
     v1::SampleRequest inline_copy;
-    const v1::SampleRequest request = MakeStep(s, **shm, &inline_copy);
+    const v1::SampleRequest request = MakeStep(s, *shm, &inline_copy);
     std::thread restarter;
     if (s == 20) {  // gone before the step; back 300 ms later
       server.Stop(SIGKILL);
@@ -156,7 +179,7 @@ TEST(SamplerdRestart, DecodeLoopSurvivesRestartsWithoutCodeOfItsOwn) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1000));
     }
     const auto start = std::chrono::steady_clock::now();
-    absl::StatusOr<v1::SampleResponse> response = (*stream)->Step(request);
+    absl::StatusOr<v1::SampleResponse> response = stream->Step(request);
     if (restarter.joinable()) {
       restarter.join();
       recovery_ms.push_back(std::chrono::duration<double, std::milli>(
@@ -171,12 +194,12 @@ TEST(SamplerdRestart, DecodeLoopSurvivesRestartsWithoutCodeOfItsOwn) {
     g_phase = "pipelined steps";
     std::vector<v1::SampleRequest> inline_copies(kSlots);
     for (int i = 0; i < kSlots; ++i) {
-      ASSERT_TRUE((*stream)->Send(MakeStep(100 + i, **shm, &inline_copies[i])).ok());
+      ASSERT_TRUE(stream->Send(MakeStep(100 + i, *shm, &inline_copies[i])).ok());
     }
     restart();
     ++restarts;
     for (int i = 0; i < kSlots; ++i) {
-      absl::StatusOr<v1::SampleResponse> response = (*stream)->Receive();
+      absl::StatusOr<v1::SampleResponse> response = stream->Receive();
       ASSERT_TRUE(response.ok()) << response.status();
       ASSERT_TRUE(reference.Agrees(inline_copies[i], *response));
     }
@@ -195,11 +218,11 @@ TEST(SamplerdRestart, DecodeLoopSurvivesRestartsWithoutCodeOfItsOwn) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     std::vector<v1::SampleRequest> inline_copies(kSlots);
     for (int i = 0; i < kSlots; ++i) {
-      const absl::Status sent = (*stream)->Send(MakeStep(110 + i, **shm, &inline_copies[i]));
+      const absl::Status sent = stream->Send(MakeStep(110 + i, *shm, &inline_copies[i]));
       EXPECT_TRUE(sent.ok()) << sent;
     }
     for (int i = 0; i < kSlots; ++i) {
-      absl::StatusOr<v1::SampleResponse> response = (*stream)->Receive();
+      absl::StatusOr<v1::SampleResponse> response = stream->Receive();
       EXPECT_TRUE(response.ok()) << response.status();
       if (response.ok()) EXPECT_TRUE(reference.Agrees(inline_copies[i], *response));
     }
@@ -212,27 +235,27 @@ TEST(SamplerdRestart, DecodeLoopSurvivesRestartsWithoutCodeOfItsOwn) {
     restart();
     ++restarts;
     v1::SampleRequest inline_copy;
-    const v1::SampleRequest request = MakeStep(200, **shm, &inline_copy);
-    absl::StatusOr<v1::SampleResponse> response = (*client)->Sample(request);
+    const v1::SampleRequest request = MakeStep(200, *shm, &inline_copy);
+    absl::StatusOr<v1::SampleResponse> response = client->Sample(request);
     ASSERT_TRUE(response.ok()) << response.status();
     ASSERT_TRUE(reference.Agrees(inline_copy, *response));
   }
 
   // The region is this client's with the last samplerd, mapped there, and has no name.
-  auto listed = (*client)->ListBuffers();
+  auto listed = client->ListBuffers();
   ASSERT_TRUE(listed.ok());
   ASSERT_EQ(listed->buffers_size(), 1);
   EXPECT_EQ(listed->buffers(0).name(), "decode-logits");
   EXPECT_EQ(listed->buffers(0).owner(),
-            absl::StrCat("uid:", geteuid(), "/id:", (*client)->client_id()));
-  EXPECT_TRUE(Maps(server.pid(), (*shm)->shm_name())) << (*shm)->shm_name();
+            absl::StrCat("uid:", geteuid(), "/id:", client->client_id()));
+  EXPECT_TRUE(Maps(server.pid(), shm->shm_name())) << shm->shm_name();
   EXPECT_EQ(ShmEntries(prefix), 0);
-  EXPECT_TRUE((*stream)->Close().ok());
+  EXPECT_TRUE(stream->Close().ok());
   std::printf("decode loop survived %d samplerd restarts (SIGKILL, one a SIGTERM rollout); the steps that spanned one "
               "took %.0f ms (back after 300 ms), %.0f ms (killed mid-step)\n",
               restarts, recovery_ms[0], recovery_ms[1]);
-  client->reset();
-  shm->reset();
+  client.reset();
+  shm.reset();
   EXPECT_EQ(server.Stop(SIGTERM), 0);
 }
 
@@ -246,19 +269,13 @@ TEST(SamplerdRestart, RolloutBetweenStepsKeepsTheUnreadAnswer) {
   ServerProcess server(g_samplerd, {"--threads=2", "--shutdown_deadline_ms=30000"});
   server.set_unix_socket();
   ASSERT_TRUE(server.Start().ok());
-  ClientOptions options;
-  options.reconnect_timeout = std::chrono::seconds(20);
-  auto client = SamplerClient::Connect("unix:" + server.unix_socket_path(), options);
-  ASSERT_TRUE(client.ok());
-  const std::string prefix = "samplerd-rollout-" + std::to_string(std::random_device()());
-  auto shm = ShmBuffer::Create("/" + prefix, kSlots * kSlotBytes);
-  ASSERT_TRUE(shm.ok()) << shm.status();
-  ASSERT_TRUE((*client)->RegisterShm("decode-logits", **shm).ok());
-  auto stream = (*client)->OpenStream();
-  ASSERT_TRUE(stream.ok());
+  absl::StatusOr<DecodeWorker> worker =
+      StartDecodeWorker(server, "samplerd-rollout-" + std::to_string(std::random_device()()));
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  auto& [client, shm, stream] = *worker;
   Reference reference;
   std::vector<v1::SampleRequest> inline_copies(2);
-  ASSERT_TRUE((*stream)->Send(MakeStep(300, **shm, &inline_copies[0])).ok());
+  ASSERT_TRUE(stream->Send(MakeStep(300, *shm, &inline_copies[0])).ok());
   // The answer reaches this process and stays unread; samplerd's stream waits for a step.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const auto drain_start = std::chrono::steady_clock::now();
@@ -268,13 +285,13 @@ TEST(SamplerdRestart, RolloutBetweenStepsKeepsTheUnreadAnswer) {
                               std::chrono::steady_clock::now() - drain_start).count();
   EXPECT_LT(drain_ms, 10000) << "the drain waited for the idle stream";
   ASSERT_TRUE(server.Start().ok());
-  ASSERT_TRUE((*stream)->Send(MakeStep(301, **shm, &inline_copies[1])).ok());
+  ASSERT_TRUE(stream->Send(MakeStep(301, *shm, &inline_copies[1])).ok());
   for (int i = 0; i < 2; ++i) {
-    absl::StatusOr<v1::SampleResponse> response = (*stream)->Receive();
+    absl::StatusOr<v1::SampleResponse> response = stream->Receive();
     ASSERT_TRUE(response.ok()) << response.status();
     EXPECT_TRUE(reference.Agrees(inline_copies[i], *response));
   }
-  EXPECT_TRUE((*stream)->Close().ok());
+  EXPECT_TRUE(stream->Close().ok());
   std::printf("a rollout between steps drained in %.0f ms\n", drain_ms);
 }
 
