@@ -381,10 +381,9 @@ absl::StatusOr<v1::SampleResponse> SamplerClient::StepStream::Step(
 absl::Status SamplerClient::StepStream::Close() {
   closed_ = true;
   if (finished_) return absl::OkStatus();
-  const size_t sent = Sent();
   absl::Status status = EndCall(/*cancel=*/false);
   // A stream that samplerd's restart broke while it was idle lost nothing.
-  if (absl::IsUnavailable(status) && sent == 0) return absl::OkStatus();
+  if (absl::IsUnavailable(status) && Sent() == 0) return absl::OkStatus();
   return status;
 }
 
