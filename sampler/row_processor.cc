@@ -155,17 +155,20 @@ void RowProcessor::SumKept() {
 
 void RowProcessor::RebaseKept() {
   // The survivors are finite (kept), so their weights relative to their own max are >= 1.
-  std::vector<int32_t> kept;
+  std::vector<int32_t>& kept = rebase_ids_;
+  kept.clear();
   ForEachKept([&kept](int32_t t) { kept.push_back(t); });
   if (kept.empty()) return;
-  std::vector<float> scores(kept.size()), weights(kept.size());
+  rebase_scores_.resize(kept.size());
+  rebase_weights_.resize(kept.size());
   float top = kNegInf;
   for (size_t i = 0; i < kept.size(); ++i) {
-    scores[i] = scores_[kept[i]];
-    top = std::max(top, scores[i]);
+    rebase_scores_[i] = scores_[kept[i]];
+    top = std::max(top, rebase_scores_[i]);
   }
-  kept_sum_ = ExpShiftAndSum(scores.data(), static_cast<int32_t>(kept.size()), top, weights.data());
-  for (size_t i = 0; i < kept.size(); ++i) weights_[kept[i]] = weights[i];
+  kept_sum_ = ExpShiftAndSum(rebase_scores_.data(), static_cast<int32_t>(kept.size()), top,
+                             rebase_weights_.data());
+  for (size_t i = 0; i < kept.size(); ++i) weights_[kept[i]] = rebase_weights_[i];
   max_score_ = top;
 }
 

@@ -164,6 +164,10 @@ class RowProcessor {
   mutable std::vector<std::pair<double, int32_t>> entries_;  // scratch of DrawFromKeptWeights
   mutable std::vector<double> dense_;                        // scratch of DrawFromKeptWeights
   std::vector<int32_t> top_n_ids_;    // survivors of force top-N
+  // Scratch of RebaseKept (the kept set's ids, scores and new weights, contiguous): XTC rows
+  // would otherwise allocate three arrays of the kept set's size every step.
+  std::vector<int32_t> rebase_ids_;
+  std::vector<float> rebase_scores_, rebase_weights_;
   float max_score_ = 0.0f;
   double total_sum_ = 0.0;      // sum of weights of the finite tokens
   // The kept set: tokens ranked at or before (cut_score_, cut_token_).

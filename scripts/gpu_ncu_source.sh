@@ -8,10 +8,12 @@
 #   source.csv       per SASS instruction: executed count, stall samples, CUDA source line
 #
 #   bash scripts/gpu_ncu_source.sh KERNEL CONFIG OUT_DIR
+# (PACK=.device-pack-mps: the binaries of scripts/gpu_mps.sh's pack instead.)
 # e.g. bash scripts/gpu_ncu_source.sh SplitRowKernel "decode R=384 (64x6)" "$OUT/decode384"
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source .device-pack/env.sh
+pack=${PACK:-.device-pack}
+source $pack/env.sh
 kernel=$1
 config=$2
 out=$3
@@ -19,7 +21,7 @@ mkdir -p "$out"
 ncu --clock-control none --kernel-name "regex:$kernel" --launch-skip 5 --launch-count 1 \
   --section SpeedOfLight --section WarpStateStats --section InstructionStats \
   --section Occupancy --section SourceCounters --import-source yes \
-  -f -o "$out/report" .device-pack/bin/gpu_bench --only="$config" > "$out/run.log" 2>&1
+  -f -o "$out/report" $pack/bin/gpu_bench --only="$config" > "$out/run.log" 2>&1
 ncu -i "$out/report.ncu-rep" --print-summary none > "$out/summary.txt" 2>&1
 ncu -i "$out/report.ncu-rep" --page source --csv --print-source cuda,sass \
   > "$out/source.csv" 2>"$out/source.err" ||
