@@ -25,6 +25,14 @@ namespace detail {
 // the row, and the finishing block runs the general algorithm on it instead. Chunks, their
 // order and every reduction depend on V only.
 
+// The most tokens a chunk lists unranked (their union must fit the finisher's candidates;
+// SplitPathEligible keeps chunks * top_k <= kCandidateCapacity, so this is >= top_k).
+// (Computed in place: held in SplitLayout from the kernel's start, it cost the chunk blocks
+// 24 more bytes of spill stores.)
+__device__ __forceinline__ int SplitListCapacity(int chunks) {
+  return min(kSplitMaxK, kCandidateCapacity / chunks);
+}
+
 // A block is a chunk first and, if it is its row's last, the row's finisher: the two phases
 // share one piece of shared memory.
 struct SplitChunkSmem {
@@ -47,11 +55,6 @@ __device__ __forceinline__ int ChunkColumn(int r) {
   return G * (static_cast<int>(threadIdx.x) + kSplitThreads * (r / G)) + r % G;
 }
 
-// The most tokens a chunk lists unranked (their union must fit the finisher's candidates;
-// SplitPathEligible keeps chunks * top_k <= kCandidateCapacity, so this is >= top_k).
-__device__ __forceinline__ int SplitListCapacity(int chunks) {
-  return min(kSplitMaxK, kCandidateCapacity / chunks);
-}
 
 // 2^v by the SFU alone (ex2.approx.ftz: relative error ~2^-22; results below 2^-126 flush to
 // 0): exp2f adds a denormal rescaling around it, three more instructions a value for terms
@@ -67,11 +70,19 @@ struct SplitItem {
   int split_index, j, lo, n;
   const char* run;  // column lo's address (RowRun); null where the chunk straddles two shards
   int64_t slot;
-  __device__ SplitItem(const StepParams& p, int split, int chunk, int chunks) : split_index(split) {
-    j = p.split_jobs[split_index];
+  __device__ SplitItem(const StepParams& p, int split, int chunk, int chunks)
+      : SplitItem(p, split, p.split_jobs[split], p.jobs[p.split_jobs[split]].logits_row, chunk,
+                  chunks) {}
+  // The same, from the row's job index j and logits row, and `row`, column 0's address where
+  // the whole row is one run (else null): a streaming block holds them, so that each chunk does
+  // not start with dependent loads of the job, its row and the logits' layout.
+  __device__ SplitItem(const StepParams& p, int split, int job_index, int32_t logits_row, int chunk,
+                       int chunks, const char* row = nullptr)
+      : split_index(split), j(job_index) {
     lo = chunk * kSplitChunk;
     n = min(p.vocab_size, lo + kSplitChunk) - lo;
-    run = RowRun(p, p.jobs[j].logits_row, lo, n);
+    run = row != nullptr ? row + static_cast<int64_t>(lo) * (p.dtype == DType::kFloat32 ? 4 : 2)
+                         : RowRun(p, logits_row, lo, n);
     slot = static_cast<int64_t>(split_index) * chunks + chunk;
   }
 };
@@ -203,20 +214,28 @@ struct SplitChunkShared {
   float warp_m[kSplitWarps], warp_mn[kSplitWarps], warp_z[kSplitWarps];
   int warp_bad[kSplitWarps];
   float sorted_max[kSplitWarps][32];  // each warp's thread maxima, descending
-  int collected;
+  // Tokens collected, by the chunk's parity: a streaming block's thread 0 zeroes the next
+  // chunk's count while other threads may still read this one's (no barrier between chunks).
+  int collected[2];
   float threshold;
 };
 
 // One chunk of a split job, its values already in x (LoadChunkValues; token updates applied):
 // the chunk's threshold, Z partial and list into its scratch slot. Barriers: S1 publishes each
 // warp's extremes and its sorted thread maxima; S2 the chunk's threshold; S3 the collected
-// tokens. Every thread calls it; cs.collected is zero on entry.
+// tokens. Every thread calls it; cs.collected[parity] is zero on entry.
+// (Issue 49's second session measured two changes here, both slower on the H100 and reverted:
+// Z's partial before S1 against each warp's own max, so that warp 0's merge tree alone lies
+// between S1 and S2 (R = 1's chunk stage 4.8 -> 6.3 us with the next one); and the collection
+// a ballot a value, one shared atomic a warp where any lane lists it, instead of a divergent
+// branch and an atomic a listed token: 3.8% more instructions, the collect stage 1.1 -> 2.6 us,
+// each listed value's atomic, shuffle and stores a chain that the next one waits for.)
 template <int G>
 __device__ __forceinline__ void SplitChunkStage(const StepParams& p, const SplitLayout& layout,
                                                 const SplitItem& it, const RowJob& job,
                                                 const LoadStats& st, const float (&x)[kChunkValues],
                                                 SplitSmem& smem, SplitChunkShared& cs,
-                                                bool timed) {
+                                                int parity, bool timed) {
   auto stage = [&](int k) {
     if (timed && threadIdx.x == 0) ProbeTimes()[k] = GlobalTimer();
   };
@@ -294,7 +313,7 @@ __device__ __forceinline__ void SplitChunkStage(const StepParams& p, const Split
   // (Threshold -inf: fewer than K threads hold a finite token; every finite token is listed.)
   const float t_x = cs.threshold;
   auto collect = [&](int r) {
-    const int at = atomicAdd(&cs.collected, 1);  // slots in any order: the finisher ranks
+    const int at = atomicAdd(&cs.collected[parity], 1);  // slots in any order: the finisher ranks
     if (at < kSplitCapacity) {
       coll_x[at] = x[r];
       coll_id[at] = it.lo + ChunkColumn<G>(r);
@@ -319,7 +338,7 @@ __device__ __forceinline__ void SplitChunkStage(const StepParams& p, const Split
   }
   __syncthreads();  // S3
   stage(13);
-  const int nc = cs.collected;
+  const int nc = cs.collected[parity];
   int count;
   if (nc > kSplitCapacity) {
     count = -1;  // a flat chunk: the finisher runs the general algorithm on the row
@@ -357,16 +376,17 @@ __device__ __forceinline__ void SplitChunkStage(const StepParams& p, const Split
 // One chunk `it` of a split job, whole: its values loaded into registers (from `staged`, the
 // staging buffer in shared memory, where it holds the chunk), `after_load()` (the streaming
 // kernel starts its next chunk's copy there, once no thread reads staging any more), the
-// job's token updates, then the chunk stage. Both split kernels take every chunk through it.
+// job's token updates, then the chunk stage (its count in cs.collected[parity]). Both split
+// kernels take every chunk through it.
 template <int G, typename AfterLoad>
 __device__ __forceinline__ void SplitChunk(const StepParams& p, const SplitLayout& layout,
                                            const SplitItem& it, const RowJob& job,
                                            const char* staged, SplitSmem& smem,
-                                           SplitChunkShared& cs, AfterLoad after_load) {
+                                           SplitChunkShared& cs, int parity, AfterLoad after_load) {
   // Benchmarks: %globaltimer at stage ends of split job 0's chunk 0 (stage_times[9..14]).
-  const bool timed = ProbeTimes() != nullptr && it.slot == 0;
+  const bool timed = it.slot == 0 && ProbeTimes() != nullptr;  // the pointer from memory once
   if (timed && threadIdx.x == 0) ProbeTimes()[9] = GlobalTimer();
-  if (threadIdx.x == 0) cs.collected = 0;
+  if (threadIdx.x == 0) cs.collected[parity] = 0;
   float x[kChunkValues];
   LoadStats st;
   if (staged) asm volatile("cp.async.wait_group 0;\n" ::: "memory");
@@ -374,7 +394,7 @@ __device__ __forceinline__ void SplitChunk(const StepParams& p, const SplitLayou
   after_load();
   if (job.update_end > job.update_begin) UpdateChunkValues<G>(p, job, it.lo, it.n, smem.chunk.xs, x, &st);
   if (timed && threadIdx.x == 0) ProbeTimes()[10] = GlobalTimer();
-  SplitChunkStage<G>(p, layout, it, job, st, x, smem, cs, timed);
+  SplitChunkStage<G>(p, layout, it, job, st, x, smem, cs, parity, timed);
 }
 
 // A chunk block (and, if it is its row's last, the row's finisher).
@@ -394,7 +414,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
   const SplitLayout layout(p);
   const SplitItem it(p, blockIdx.y, blockIdx.x, layout.chunks);
   const RowJob job = p.jobs[it.j];
-  SplitChunk<G>(p, layout, it, job, nullptr, smem, cs, [] {});
+  SplitChunk<G>(p, layout, it, job, nullptr, smem, cs, 0, [] {});
   // Arrival: every thread's writes reach the device before thread 0 counts this chunk in
   // (the threadfence-reduction pattern); the row's last arrival finishes it and re-arms the
   // counter for the next launch.
@@ -411,7 +431,21 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
   SplitFinishRow(p, it.split_index, smem.finish);
 }
 
-// Chunk c of a split job's row into the staging buffer by cp.async (each thread its own
+// A streaming block's shared memory, reached by name from both the kernel and StreamChunk (a
+// reference passed into a call that is not inlined would make every access a generic one).
+struct StreamShared {
+  SplitSmem smem;          // the chunk stage's, staging (smem.chunk.xs) and the finish's
+  SplitChunkShared cs;
+  RowJob job;              // the row's job: the chunk loop's values need the registers
+  int j;                   // its index in p.jobs
+  const char* row;         // column 0's address where the row is one run, else null (RowRun)
+};
+__device__ __forceinline__ StreamShared& Stream() {
+  __shared__ __align__(16) StreamShared shared;
+  return shared;
+}
+
+// Chunk c of a streaming block's row into the staging buffer by cp.async (each thread its own
 // 16-byte groups, at the offsets LoadChunkValues reads them from, so each thread later reads
 // only what it copied itself: its own wait_group orders it, no barrier). Only a whole chunk at
 // a 16-byte aligned address in one run is staged; returns whether it was (false past the row).
@@ -419,31 +453,22 @@ template <int G>
 __device__ __forceinline__ bool StageChunk(const StepParams& p, int split_index, int c,
                                            int chunks, char* staging) {
   if (c >= chunks) return false;
-  const SplitItem it(p, split_index, c, chunks);
+  const SplitItem it(p, split_index, Stream().j, Stream().job.logits_row, c, chunks, Stream().row);
   if (it.run == nullptr || it.n != kSplitChunk || reinterpret_cast<uintptr_t>(it.run) % 16 != 0) {
     return false;
   }
-  constexpr int kElem = 16 / G;
+  // Group k of thread t sits at byte 16 * (t + kSplitThreads * k) of the chunk, for either G
+  // (ChunkColumn<G>(k * G) tokens of 16 / G bytes).
+  const unsigned int to = static_cast<unsigned int>(__cvta_generic_to_shared(staging)) + 16 * threadIdx.x;
+  const char* const from = it.run + 16 * threadIdx.x;
 #pragma unroll
   for (int k = 0; k < kChunkValues / G; ++k) {
-    const int64_t at = static_cast<int64_t>(ChunkColumn<G>(k * G)) * kElem;
-    const unsigned int to = static_cast<unsigned int>(__cvta_generic_to_shared(staging + at));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(it.run + at) : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to + 16 * kSplitThreads * k),
+                 "l"(from + 16 * kSplitThreads * k)
+                 : "memory");
   }
   asm volatile("cp.async.commit_group;\n" ::: "memory");
   return true;
-}
-
-// A streaming block's shared memory, reached by name from both the kernel and StreamChunk (a
-// reference passed into a call that is not inlined would make every access a generic one).
-struct StreamShared {
-  SplitSmem smem;  // the chunk stage's, staging (smem.chunk.xs) and the finish's
-  SplitChunkShared cs;
-  RowJob job;      // the row's job: the chunk loop's values need the registers
-};
-__device__ __forceinline__ StreamShared& Stream() {
-  __shared__ __align__(16) StreamShared shared;
-  return shared;
 }
 
 // Chunk c of a streaming block's row (SplitChunk), from staging where `staged`, the next
@@ -460,8 +485,9 @@ __device__ __noinline__ bool StreamChunk(const StepParams& p, const SplitLayout&
   char* const staging = reinterpret_cast<char*>(smem.chunk.xs);
   const bool updates = job.update_end > job.update_begin;
   bool next_staged = false;
-  SplitChunk<G>(p, layout, SplitItem(p, split_index, c, layout.chunks), job,
-                staged ? staging : nullptr, smem, cs, [&] {
+  SplitChunk<G>(p, layout,
+                SplitItem(p, split_index, Stream().j, job.logits_row, c, layout.chunks, Stream().row),
+                job, staged ? staging : nullptr, smem, cs, c & 1, [&] {
                   next_staged = !updates && StageChunk<G>(p, split_index, c + 1, layout.chunks, staging);
                 });
   return next_staged;
@@ -479,16 +505,25 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitStreamK
   const SplitLayout layout(p);
   const int split_index = blockIdx.x;
   const int C = layout.chunks;
-  if (threadIdx.x == 0) Stream().job = p.jobs[p.split_jobs[split_index]];
+  if (threadIdx.x == 0) {
+    const int j = p.split_jobs[split_index];
+    Stream().j = j;
+    Stream().job = p.jobs[j];
+    Stream().row = RowRun(p, Stream().job.logits_row, 0, p.vocab_size);
+  }
   __syncthreads();
   const bool updates = Stream().job.update_end > Stream().job.update_begin;
   char* const staging = reinterpret_cast<char*>(Stream().smem.chunk.xs);
   // Whether the current chunk is (being) copied into staging.
   bool staged = !updates && StageChunk<G>(p, split_index, 0, C, staging);
-  for (int c = 0; c < C; ++c) {
-    staged = StreamChunk<G>(p, layout, split_index, c, staged);
-    __syncthreads();  // the chunk's shared state is read before the next chunk resets it
-  }
+  // No barrier between chunks (one of four a chunk; ncu put 7% of the kernel's stall samples
+  // at it): a thread writes chunk c + 1's shared state only before that chunk's barriers,
+  // and passing one of them means every thread has left chunk c, whose reads all follow its
+  // own S1 (the extremes), S2 (the threshold, warp 0's sorted maxima) or S3 (the list and Z
+  // partials, read after it by the thread that writes them). The one exception, thread 0
+  // zeroing the next chunk's count at its start, takes the other parity's. Staging is read by
+  // each thread at its own offsets only; token updates write it before S1.
+  for (int c = 0; c < C; ++c) staged = StreamChunk<G>(p, layout, split_index, c, staged);
   // The finisher reads the partials and lists through L2, as it reads other blocks'.
   __threadfence();
   __syncthreads();
