@@ -751,30 +751,26 @@ TEST(CudaBackend, SplitPathTiesOverflowAndPromptRowsMatchCpu) {
               tally.requests, tally.token_mismatches, tally.compared_logprobs);
 }
 
-// The split path's streaming kernel (a block a row over its chunks, the next chunk staged by
-// cp.async) computes each chunk exactly as a chunk block does, so its results must equal the
-// chunk blocks' bit for bit: SplitEdgeStep's flat rows, heavy ties, tied block at the max,
-// mask, penalties (rows with updates stage nothing), prompt rows and bf16, at V = 8,200 (a
-// partial last chunk) and V = 129,283 (rows at addresses not 16-byte aligned load directly),
-// and DECODE with drafts under the benchmark's parameters. Each step also against the CPU
-// with the streaming kernel.
-TEST(CudaBackend, SplitStreamKernelEqualsTheChunkBlocksBitForBit) {
-  auto gpu = Gpu();
-  ASSERT_NE(gpu, nullptr);
-  auto cpu = Cpu();
-  CompareTally tally;
-  int steps = 0;
-  auto both = [&](const Step& step, const std::string& what) {
-    gpu->set_split_stream_rows(std::numeric_limits<int>::max());
-    const StepResult chunks = RunStep(*gpu, step);
-    gpu->set_split_stream_rows(1);
-    const StepResult stream = RunStep(*gpu, step);
-    gpu->set_split_stream_rows(cuda::kSplitStreamRows);
+// Runs `step` on the chunk blocks and on the streaming kernel (each forced), expects the two
+// bitwise equal and the streaming kernel's within SPEC 8 of the CPU.
+class SplitStreamComparison {
+ public:
+  SplitStreamComparison() : gpu_(Gpu()), cpu_(Cpu()) {}
+  bool ok() const { return gpu_ != nullptr; }
+  void Both(const Step& step, const std::string& what) {
+    gpu_->set_split_stream_rows(std::numeric_limits<int>::max());
+    const StepResult chunks = RunStep(*gpu_, step);
+    gpu_->set_split_stream_rows(1);
+    const StepResult stream = RunStep(*gpu_, step);
+    gpu_->set_split_stream_rows(cuda::kSplitStreamRows);
     EXPECT_TRUE(BitwiseSame(chunks, stream)) << what;
-    CompareWithCpu(RunStep(*cpu, step), stream, tally, what, step);
-    ++steps;
-  };
-  for (int32_t vocab : {8200, 129280, 129283}) {
+    CompareWithCpu(RunStep(*cpu_, step), stream, tally_, what, step);
+    ++steps_;
+  }
+  // SplitEdgeStep's rows at V = vocab: flat rows, heavy ties, a tied block at the max, a mask,
+  // penalties (rows with updates stage nothing), prompt rows, a bias on the last token; fp32
+  // and bf16, top_k 1 and 50.
+  void EdgeRows(int32_t vocab) {
     const int rows = 8, prompt = 4;
     const HostLogits logits = SplitEdgeLogits(rows + prompt, vocab);
     std::vector<uint16_t> half(logits.values.size());
@@ -786,42 +782,70 @@ TEST(CudaBackend, SplitStreamKernelEqualsTheChunkBlocksBitForBit) {
                                   rows, prompt, top_k, &masks);
         // A bias on the row's last token too (the partial last chunk at V = 8,200).
         step.requests[5].params.logit_bias = {{7, 3.0f}, {vocab - 1, 50.0f}};
-        both(step, "V=" + std::to_string(vocab) + " top_k=" + std::to_string(top_k) + " " +
+        Both(step, "V=" + std::to_string(vocab) + " top_k=" + std::to_string(top_k) + " " +
                        DTypeName(dtype));
-        if (HasFatalFailure()) return;
+        if (::testing::Test::HasFatalFailure()) return;
       }
     }
+  }
+  ~SplitStreamComparison() {
+    std::printf("split stream: %d steps, %d requests, %d boundary-band tokens\n", steps_,
+                tally_.requests, tally_.token_mismatches);
+  }
+
+ private:
+  std::unique_ptr<CudaBackend> gpu_;
+  std::unique_ptr<CpuBackend> cpu_;
+  CompareTally tally_;
+  int steps_ = 0;
+};
+
+// The streaming split kernel (a block a row over its chunks, the next chunk staged by
+// cp.async, no barrier between chunks) computes each chunk exactly as a chunk block does, so
+// its results must equal the chunk blocks' bit for bit. Here at V = 8,200 (two chunks, the
+// last partial): small enough for compute-sanitizer's racecheck (scripts/gpu_mps.sh check),
+// which is what checks the chunks' shared state without a barrier between them.
+TEST(CudaBackend, SplitStreamKernelEqualsTheChunkBlocksOnTwoChunks) {
+  SplitStreamComparison compare;
+  ASSERT_TRUE(compare.ok());
+  compare.EdgeRows(8200);
+}
+
+// The same at V = 129,280 and 129,283 (rows at addresses not 16-byte aligned load directly),
+// and DECODE with drafts under the benchmark's parameters.
+TEST(CudaBackend, SplitStreamKernelEqualsTheChunkBlocksBitForBit) {
+  SplitStreamComparison compare;
+  ASSERT_TRUE(compare.ok());
+  for (int32_t vocab : {129280, 129283}) {
+    compare.EdgeRows(vocab);
+    if (HasFatalFailure()) return;
   }
   // DECODE with dense drafts, the benchmark's parameters, R = 64 x 4.
-  {
-    const int32_t vocab = 129280;
-    const int requests = 64, q = 4;
-    HostLogits logits(requests * q, vocab, 43, 2.0f);
-    HostLogits q_rows(requests * (q - 1), vocab, 44, 2.0f);
-    Step decode = MakeStep(StepKind::kDecode, logits, vocab);
-    for (int i = 0; i < requests; ++i) {
-      RequestInputs d;
-      d.request_id = "d" + std::to_string(i);
-      d.first_row = i * q;
-      d.num_rows = q;
-      d.sample_position = 31 + i;
-      d.params.seq_seed = 500 + i;
-      d.params.temperature = 0.7f;
-      d.params.top_p = 0.95f;
-      d.params.top_k = 50;
-      d.params.top_logprobs = 5;
-      for (int j = 0; j + 1 < q; ++j) {
-        const float* row = logits.Row(i * q + j);
-        d.draft_token_ids.push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
-      }
-      d.drafts.form = DraftDistributions::Form::kDense;
-      d.drafts.values = q_rows.RowsView(i * (q - 1), q - 1);
-      decode.requests.push_back(d);
+  const int32_t vocab = 129280;
+  const int requests = 64, q = 4;
+  HostLogits logits(requests * q, vocab, 43, 2.0f);
+  HostLogits q_rows(requests * (q - 1), vocab, 44, 2.0f);
+  Step decode = MakeStep(StepKind::kDecode, logits, vocab);
+  for (int i = 0; i < requests; ++i) {
+    RequestInputs d;
+    d.request_id = "d" + std::to_string(i);
+    d.first_row = i * q;
+    d.num_rows = q;
+    d.sample_position = 31 + i;
+    d.params.seq_seed = 500 + i;
+    d.params.temperature = 0.7f;
+    d.params.top_p = 0.95f;
+    d.params.top_k = 50;
+    d.params.top_logprobs = 5;
+    for (int j = 0; j + 1 < q; ++j) {
+      const float* row = logits.Row(i * q + j);
+      d.draft_token_ids.push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
     }
-    both(decode, "decode 64x4");
+    d.drafts.form = DraftDistributions::Form::kDense;
+    d.drafts.values = q_rows.RowsView(i * (q - 1), q - 1);
+    decode.requests.push_back(d);
   }
-  std::printf("split stream: %d steps, %d requests, %d boundary-band tokens\n", steps,
-              tally.requests, tally.token_mismatches);
+  compare.Both(decode, "decode 64x4");
 }
 
 TEST(CudaBackend, DecodeAndDraftMatchCpu) {
