@@ -517,12 +517,13 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitStreamK
   // Whether the current chunk is (being) copied into staging.
   bool staged = !updates && StageChunk<G>(p, split_index, 0, C, staging);
   // No barrier between chunks (one of four a chunk; ncu put 7% of the kernel's stall samples
-  // at it): a thread writes chunk c + 1's shared state only before that chunk's barriers,
-  // and passing one of them means every thread has left chunk c, whose reads all follow its
-  // own S1 (the extremes), S2 (the threshold, warp 0's sorted maxima) or S3 (the list and Z
-  // partials, read after it by the thread that writes them). The one exception, thread 0
-  // zeroing the next chunk's count at its start, takes the other parity's. Staging is read by
-  // each thread at its own offsets only; token updates write it before S1.
+  // at it). What a thread writes in chunk c + 1 after that chunk's S1 (the threshold, the Z
+  // partials, the collected tokens) no thread still reads for chunk c: passing S1 of c + 1
+  // needs every thread to have left chunk c. What it writes before S1 of c + 1 (its warp's
+  // extremes and sorted maxima, token updates in xs) chunk c reads only before its own S3,
+  // which this thread has passed, so every thread has too; the exception is the token count,
+  // read after S3, so thread 0 zeroes the other parity's. Staging is read and refilled by
+  // each thread at its own offsets only.
   for (int c = 0; c < C; ++c) staged = StreamChunk<G>(p, layout, split_index, c, staged);
   // The finisher reads the partials and lists through L2, as it reads other blocks'.
   __threadfence();
