@@ -56,13 +56,16 @@ __device__ __forceinline__ float LoadLogit(const void* row, DType dtype, int32_t
   }
 }
 
+// Bytes of one logit of `dtype` (float32 4; bfloat16 and float16 2).
+__device__ __forceinline__ int LogitBytes(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
+
 // Where the kernels read a job's logits: the address of column `lo` of row `logits_row` when
 // columns [lo, lo + n) are one contiguous run (always, for one tensor; within one shard, for
 // tensor-parallel shards), else null: the caller then loads column by column (LoadLogitAt).
 // Every load path takes its run once per chunk, so one tensor costs what it did before shards.
 __device__ __forceinline__ const char* RowRun(const StepParams& p, int32_t logits_row, int32_t lo,
                                               int32_t n) {
-  const int elem = p.dtype == DType::kFloat32 ? 4 : 2;
+  const int elem = LogitBytes(p.dtype);
   if (p.num_shards == 0) {
     return static_cast<const char*>(p.logits) +
            (static_cast<int64_t>(logits_row) * p.row_stride + lo) * elem;
@@ -84,7 +87,7 @@ class ShardWalker {
  public:
   // `first`: the first column this thread will ask for.
   __device__ ShardWalker(const StepParams& p, int32_t logits_row, int32_t first)
-      : p_(p), row_(logits_row), elem_(p.dtype == DType::kFloat32 ? 4 : 2) {
+      : p_(p), row_(logits_row), elem_(LogitBytes(p.dtype)) {
     while (s_ + 1 < p.num_shards && first >= p.shards[s_ + 1].col_begin) ++s_;
     Enter();
   }

@@ -55,7 +55,6 @@ __device__ __forceinline__ int ChunkColumn(int r) {
   return G * (static_cast<int>(threadIdx.x) + kSplitThreads * (r / G)) + r % G;
 }
 
-
 // 2^v by the SFU alone (ex2.approx.ftz: relative error ~2^-22; results below 2^-126 flush to
 // 0): exp2f adds a denormal rescaling around it, three more instructions a value for terms
 // that cannot move Z at float32 precision.
@@ -81,7 +80,7 @@ struct SplitItem {
       : split_index(split), j(job_index) {
     lo = chunk * kSplitChunk;
     n = min(p.vocab_size, lo + kSplitChunk) - lo;
-    run = row != nullptr ? row + static_cast<int64_t>(lo) * (p.dtype == DType::kFloat32 ? 4 : 2)
+    run = row != nullptr ? row + static_cast<int64_t>(lo) * LogitBytes(p.dtype)
                          : RowRun(p, logits_row, lo, n);
     slot = static_cast<int64_t>(split_index) * chunks + chunk;
   }
