@@ -295,16 +295,17 @@ void SamplerService::CancelIdleStreams() {
   absl::MutexLock lock(&streams_mu_);
   // Under the lock: a handler leaves the set before its context goes. One that marks itself
   // idle after draining_ was set sees it before it reads (both seq_cst), and ends itself.
-  for (StreamHandler* handler : stream_handlers_) {
+  for (StreamHandler* handler : open_streams_) {
     if (draining_.load() && handler->idle.load()) handler->context->TryCancel();
   }
 }
 
 absl::Status SamplerService::AdmitStream(const std::string& client, StreamHandler* handler) {
   absl::MutexLock lock(&streams_mu_);
-  if (open_streams_ >= options_.max_open_streams) {
+  const int open = static_cast<int>(open_streams_.size());
+  if (open >= options_.max_open_streams) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "SampleStream: ", open_streams_, " streams are open, the server's limit "
+        "SampleStream: ", open, " streams are open, the server's limit "
         "(--max_open_streams); unary Sample still answers"));
   }
   int& mine = streams_by_client_[client];
@@ -314,10 +315,9 @@ absl::Status SamplerService::AdmitStream(const std::string& client, StreamHandle
         "(--max_streams_per_client)"));
   }
   ++mine;
-  ++open_streams_;
-  stream_handlers_.insert(handler);
+  open_streams_.insert(handler);
   // Under the lock, so that the health transitions come in the order the counts change.
-  if (open_streams_ == options_.max_open_streams && options_.on_accepting_streams) {
+  if (open + 1 == options_.max_open_streams && options_.on_accepting_streams) {
     options_.on_accepting_streams(false);
   }
   return absl::OkStatus();
@@ -325,10 +325,11 @@ absl::Status SamplerService::AdmitStream(const std::string& client, StreamHandle
 
 void SamplerService::EndStream(const std::string& client, StreamHandler* handler) {
   absl::MutexLock lock(&streams_mu_);
-  stream_handlers_.erase(handler);
+  const bool was_full = static_cast<int>(open_streams_.size()) == options_.max_open_streams;
+  open_streams_.erase(handler);
   auto it = streams_by_client_.find(client);
   if (it != streams_by_client_.end() && --it->second <= 0) streams_by_client_.erase(it);
-  if (open_streams_-- == options_.max_open_streams && options_.on_accepting_streams) {
+  if (was_full && options_.on_accepting_streams) {
     options_.on_accepting_streams(true);
   }
 }

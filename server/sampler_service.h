@@ -207,11 +207,10 @@ class SamplerService final : public v1::Sampler::Service {
     grpc::ServerContext* context;
     std::atomic<bool> idle{false};
   };
-  // Open SampleStreams, in all and by client scope.
+  // Open SampleStreams, in all (their handlers) and counted by client scope.
   absl::Mutex streams_mu_;
-  int open_streams_ ABSL_GUARDED_BY(streams_mu_) = 0;
+  absl::flat_hash_set<StreamHandler*> open_streams_ ABSL_GUARDED_BY(streams_mu_);
   absl::flat_hash_map<std::string, int> streams_by_client_ ABSL_GUARDED_BY(streams_mu_);
-  absl::flat_hash_set<StreamHandler*> stream_handlers_ ABSL_GUARDED_BY(streams_mu_);
   // Takes a stream slot for `client` (`handler` is listed until EndStream), or says which
   // limit is reached.
   absl::Status AdmitStream(const std::string& client, StreamHandler* handler);
