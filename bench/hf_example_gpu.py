@@ -9,6 +9,10 @@ X
 plain PyTorch model of that shape behind the forward signature generate() calls, which reads
 equal-length prompts token by token (the printout says which ran).
 
+After each B's tokens/s, a second table says where each loop's step goes on the host (mean us
+a step of the best run, by part: the forward's launches, the logits' handoff to samplerd, the
+build, the send, the waits), so that a difference in tokens/s is attributed part by part.
+
     python3 bench/hf_example_gpu.py --samplerd=.device-pack/bin/samplerd [--batches=1,16,64]
 """
 import argparse
@@ -61,42 +65,101 @@ def make_model(batch, max_len):
             f"transformers {transformers.__version__} Llama")
 
 
+class Parts:
+    """Host seconds by part of a step, summed over a run (`timed` wraps a function)."""
+
+    def __init__(self):
+        self.seconds = {}
+
+    def add(self, name, seconds):
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    def timed(self, name, inner):
+        def call(*args, **kw):
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kw)
+            finally:
+                self.add(name, time.perf_counter() - t0)
+        return call
+
+
 @torch.no_grad()
-def torch_generate(model, prompts, max_new_tokens, gen, ahead=False):
+def torch_generate(model, prompts, max_new_tokens, gen, ahead=False, parts=None):
     """The same loop, sampling in-process (decode_loop_bench.torch_sample: T 0.7, top-k 50,
     top-p 0.95, top-5 logprobs); tokens and logprobs to the host each step, as generate().
     `ahead`: as generate's device_tokens, the next input stays on the device and the host reads
-    each step's tokens one step later."""
+    each step's tokens one step later. `parts` (Parts) gets the host's time by part."""
+    parts = parts or Parts()
     ids, mask, positions = left_pad(prompts, 0, "cuda")
     cache, out = None, []
     cache_arg = cache_keyword(model)
     pending = None
     for _ in range(max_new_tokens):
         # The model called exactly as generate() calls it (mask and positions included).
+        t0 = time.perf_counter()
         step = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                      logits_to_keep=1, **{cache_arg: cache})
         cache = getattr(step, cache_arg)
+        t1 = time.perf_counter()
         tokens, top_lp, _ = torch_sample(step.logits[:, -1], gen)
         if ahead:
             host = (tokens.to("cpu", non_blocking=True), top_lp.to("cpu", non_blocking=True))
             done = torch.cuda.Event()
             done.record()
+            t3 = time.perf_counter()
             if pending is not None:
                 pending[1].synchronize()
                 out.append(pending[0][0].tolist())
             pending = (host, done)
             ids = tokens[:, None]
         else:
+            t3 = time.perf_counter()
             host = tokens.tolist()
             top_lp.cpu()
             out.append(host)
             ids = torch.tensor(host, device="cuda")[:, None]
+        t4 = time.perf_counter()
         positions = positions[:, -1:] + 1
         mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
+        t5 = time.perf_counter()
+        parts.add("forward", t1 - t0)
+        parts.add("sample", t3 - t1)
+        parts.add("results", t4 - t3)  # the wait for the GPU, then tokens to the host
+        parts.add("next input", t5 - t4)
     if pending is not None:
         pending[1].synchronize()
         out.append(pending[0][0].tolist())
     return out
+
+
+def time_generate_parts(parts):
+    """Has hf_generate's loop report its host time by part into `parts` (a Parts), for as
+    long as the returned function is not called (it restores the originals)."""
+    import hf_generate
+
+    saved = []
+
+    def wrap(owner, attr, name):
+        saved.append((owner, attr, getattr(owner, attr)))
+        setattr(owner, attr, parts.timed(name, getattr(owner, attr)))
+
+    wrap(hf_generate.LogitsPool, "put", "logits handoff")  # the copy and the ready event
+    wrap(hf_generate, "_forward", "forward")  # less the handoff, below
+    wrap(hf_generate, "_step", "build")
+    wrap(samplerd.client.StepStream, "send", "send")
+    wrap(samplerd.channel.StepChannel, "send", "send")
+    wrap(samplerd.client.StepStream, "receive", "receive")
+    wrap(samplerd.channel.StepChannel, "receive", "receive")
+    wrap(hf_generate, "_record", "results")
+    wrap(samplerd.TokenOutput, "wait", "device wait")
+
+    def restore():
+        for owner, attr, inner in reversed(saved):
+            setattr(owner, attr, inner)
+        fwd = parts.seconds.get("forward", 0.0) - parts.seconds.get("logits handoff", 0.0)
+        parts.seconds["forward"] = fwd
+    return restore
 
 
 class StepTimes:
@@ -158,22 +221,31 @@ def main():
         runs = [(loop, name) for loop in ("sync", "async")
                 for name in ("torch", "channel", "stream")]
         best = {run: 0.0 for run in runs}
-        parts = {}
+        parts, host_parts = {}, {}
         for round_ in range(args.repeats + 1):  # round 0 warms up and is not counted
             for loop, name in runs:  # interleaved: the host's drift falls on each alike
                 torch.cuda.synchronize()
+                host = Parts()
                 t0 = time.perf_counter()
                 if name == "torch":
                     n = len(torch_generate(model, prompts, args.new_tokens, gen,
-                                           ahead=loop == "async")) * B
+                                           ahead=loop == "async", parts=host)) * B
                 else:
                     times.clear()
-                    n = sum(len(g.tokens) for g in generate(
-                        client, model, prompts, params, args.new_tokens, transport=name,
-                        device_tokens=loop == "async"))
-                rate = n / (time.perf_counter() - t0)
+                    restore = time_generate_parts(host)
+                    try:
+                        n = sum(len(g.tokens) for g in generate(
+                            client, model, prompts, params, args.new_tokens, transport=name,
+                            device_tokens=loop == "async"))
+                    finally:
+                        restore()
+                wall = time.perf_counter() - t0
+                rate = n / wall
                 if round_ and rate > best[loop, name]:
                     best[loop, name] = rate
+                    steps = n / B
+                    host_parts[loop, name] = {k: v / steps * 1e6 for k, v in host.seconds.items()}
+                    host_parts[loop, name]["step"] = wall / steps * 1e6
                     if name != "torch":
                         parts[loop, name] = times.p50s()
         for loop in ("sync", "async"):
@@ -184,7 +256,23 @@ def main():
                 print(f"| {B} | {loop} | {name} | {base:.0f} | {got:.0f} | {got / base:.2f} | "
                       f"{extra:.0f} | " + " | ".join(f"{t:.0f}" for t in parts[loop, name]) +
                       " |", flush=True)
-        print(f"model: {kind}")
+        # Where each loop's step goes on the host (mean us a step of the best run): what a
+        # part costs is host time, and a wait (results, receive, device wait) is where the
+        # host idles behind the GPU or samplerd. "other": the step less its parts.
+        names = ["forward", "logits handoff", "sample", "build", "send", "device wait",
+                 "receive", "results", "next input"]
+        print(f"\nB = {B}, host time a step by part, mean us (receive: the wait for the answer)")
+        print("| loop | run | step | " + " | ".join(names) + " | other |")
+        print("|---|---|---|" + "---|" * (len(names) + 1))
+        for loop, name in runs:
+            h = dict(host_parts.get((loop, name), {}))
+            if not h:
+                continue
+            rest = h["step"] - sum(h.get(k, 0.0) for k in names)
+            print(f"| {loop} | {name} | {h['step']:.0f} | " +
+                  " | ".join(f"{h[k]:.0f}" if k in h else "-" for k in names) +
+                  f" | {rest:.0f} |", flush=True)
+        print(f"\nmodel: {kind}")
         del model
         torch.cuda.empty_cache()
     client.close()
