@@ -12,6 +12,7 @@ step channel (or gRPC's stream). On a GPU, generate(device_tokens=True) has samp
 the tokens into the worker's memory and runs the loop a step ahead. hf_speculative.py adds a
 draft model.
 """
+import dataclasses
 import inspect
 import sys
 from dataclasses import dataclass, field
@@ -114,16 +115,34 @@ def _needs_history(p):
                 p.frequency_penalty or p.dry_multiplier or p.bad_words or p.min_tokens)
 
 
-def _step(client, logits, prompts, params, out, live, **kw):
+def _seeded(params):
+    """(shared, seeds) where the sequences' parameters differ only in their seeds (a seed per
+    sequence, the usual case): one SamplingParams for all and each one's seed, which a batch
+    step sends as seq_seeds. Else None: each sequence's own parameters are sent. (Encoding a
+    SamplingParams a sequence cost build_batch ~2.7 us each on the H100 machine's host: 176 us
+    of a B = 64 step, against ~7 us for one shared.)"""
+    if not params or any(p.seed is None or p.seed < 0 for p in params):
+        return None
+    shared = dataclasses.replace(params[0], seed=None)
+    if any(dataclasses.replace(p, seed=None) != shared for p in params[1:]):
+        return None
+    return shared, [p.seed for p in params]
+
+
+def _step(client, logits, prompts, params, out, live, seeded=None, **kw):
     """The step's SampleRequest: arrays (client.build_batch, answered as a BatchResult) unless
-    some live sequence's parameters need its history, then one request object a sequence."""
+    some live sequence's parameters need its history, then one request object a sequence.
+    `seeded`: _seeded(params), computed once a generation."""
     if any(_needs_history(params[i]) for i in live):
         return client.build(logits, _requests(prompts, params, out, live), **kw)
+    if seeded is not None:
+        batch_params = dict(params=seeded[0], seeds=[seeded[1][i] for i in live])
+    else:
+        batch_params = dict(params=[params[i] for i in live])
     return client.build_batch(
         logits, "decode" if out[live[0]].tokens else "prefill", live,
-        params=[params[i] for i in live],
         sample_positions=[len(prompts[i]) + len(out[i].tokens) for i in live],
-        request_id_prefix="seq", **kw)
+        request_id_prefix="seq", **batch_params, **kw)
 
 
 def _record(out, params, live, results):
@@ -192,9 +211,10 @@ def _generate_in_step(client, model, prompts, params, max_new_tokens, stop_token
     ids, mask, positions = left_pad(prompts, pad, model.device)
     out = [Generated() for _ in prompts]
     live, cache = list(range(len(prompts))), None
+    seeded = _seeded(params)
     while live:
         cache, logits = _forward(model, pool, ids, mask, positions, cache)
-        steps.send(_step(client, logits, prompts, params, out, live))
+        steps.send(_step(client, logits, prompts, params, out, live, seeded))
         _record(out, params, live, steps.receive())
         next_ids = [pad] * len(prompts)
         for i in live:
@@ -216,10 +236,11 @@ def _generate_ahead(client, model, prompts, params, max_new_tokens, stop_token_i
     tokens = samplerd.TokenOutput(client, f"hf-tokens-{id(pool)}", max_requests=batch,
                                   device=device)
     live = list(range(batch))
+    seeded = _seeded(params)
     cache, logits = _forward(model, pool, ids, mask, positions, None)
     index = {}  # the live rows as a device index, made once per live set
     try:
-        steps.send(_step(client, logits, prompts, params, out, live,
+        steps.send(_step(client, logits, prompts, params, out, live, seeded,
                          output=tokens.next(len(live))))
         while True:
             sent = live
@@ -245,7 +266,7 @@ def _generate_ahead(client, model, prompts, params, max_new_tokens, stop_token_i
                     and len(out[i].tokens) < max_new_tokens]
             if not live:
                 return out
-            steps.send(_step(client, logits, prompts, params, out, live,
+            steps.send(_step(client, logits, prompts, params, out, live, seeded,
                              output=tokens.next(len(live))))
     finally:
         torch.cuda.synchronize(device)

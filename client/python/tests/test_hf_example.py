@@ -128,6 +128,33 @@ def test_array_steps_answer_as_request_objects(client, model, monkeypatch):
         assert [u.tolist() for u in x.top_logprobs] == [v.tolist() for v in y.top_logprobs]
 
 
+def test_seeds_as_an_array_answer_as_each_sequences_params(client, model, monkeypatch):
+    """Where the sequences' parameters differ only in their seeds, generate() sends one shared
+    SamplingParams and the seeds as an array (RequestBatch.seq_seeds, encoded once a step):
+    the same tokens, logprobs and top lists as each sequence's own parameters sent."""
+    import hf_generate
+
+    params = [samplerd.SamplingParams(temperature=0.8, top_k=40, top_p=0.9, top_logprobs=3,
+                                      seed=21 + 5 * i) for i in range(len(PROMPTS))]
+    shared = hf_generate._seeded(params)
+    assert shared is not None and shared[1] == [p.seed for p in params]
+    # Any other difference, or a sequence without a seed, keeps each one's own parameters.
+    assert hf_generate._seeded(params[:1] + [dataclasses.replace(params[1], top_k=41)]) is None
+    assert hf_generate._seeded(params[:1] + [dataclasses.replace(params[1], seed=None)]) is None
+    seeded = generate(client, model, PROMPTS, params, max_new_tokens=12)
+    monkeypatch.setattr(hf_generate, "_seeded", lambda params: None)
+    own = generate(client, model, PROMPTS, params, max_new_tokens=12)
+    for x, y in zip(seeded, own):
+        assert x.tokens == y.tokens
+        assert x.logprobs == y.logprobs
+        assert [u.tolist() for u in x.top_ids] == [v.tolist() for v in y.top_ids]
+        assert [u.tolist() for u in x.top_logprobs] == [v.tolist() for v in y.top_logprobs]
+    # The seeds are really each sequence's: with them swapped, the tokens change.
+    swapped = [dataclasses.replace(p, seed=params[-1 - i].seed) for i, p in enumerate(params)]
+    other = generate(client, model, PROMPTS, swapped, max_new_tokens=12)
+    assert [g.tokens for g in other] != [g.tokens for g in seeded]
+
+
 def test_logprobs_match_transformers_processors(client, model):
     """Returned logprobs and top logprobs against log_softmax of the logits as transformers'
     own processors make them (repetition penalty, temperature, top-k: the same rules as SPEC 3;
