@@ -2,6 +2,7 @@
 // the last of which finishes the row.
 #include <cfloat>
 #include <cmath>
+#include <utility>
 
 #include "cuda/kernels/split_finish.cuh"
 
@@ -311,6 +312,11 @@ __device__ __forceinline__ void SplitChunkStage(const StepParams& p, const Split
   // needed here.
   // (Threshold -inf: fewer than K threads hold a finite token; every finite token is listed.)
   const float t_x = cs.threshold;
+  // (Issue 49's third session measured the collection as a word of bits, FSETP / SEL / IADD a
+  // value and one atomic a thread for all its slots, instead of this branch a value and atomic
+  // a listed token: the loop over the bits needs a value by run-time index, and a copy of x in
+  // local memory for it made prefill R = 384 197.5 us against 146.6 and R = 8,192 4,155
+  // against 2,205, the local stores leaving through L1 to HBM; docs/gpu-notes.md.)
   auto collect = [&](int r) {
     const int at = atomicAdd(&cs.collected[parity], 1);  // slots in any order: the finisher ranks
     if (at < kSplitCapacity) {
@@ -444,6 +450,18 @@ __device__ __forceinline__ StreamShared& Stream() {
   return shared;
 }
 
+// Group k of a thread's chunk (for each k in the sequence) from `from` to `to` by cp.async, at
+// offset 16 * kSplitThreads * k of both: an immediate in each instruction.
+template <int kOffset>
+__device__ __forceinline__ void CopyGroup(unsigned int to, const char* from) {
+  asm volatile("cp.async.cg.shared.global [%0+%2], [%1+%2], 16;\n" ::"r"(to), "l"(from), "n"(kOffset)
+               : "memory");
+}
+template <int... k>
+__device__ __forceinline__ void CopyGroups(unsigned int to, const char* from, std::integer_sequence<int, k...>) {
+  (CopyGroup<16 * kSplitThreads * k>(to, from), ...);
+}
+
 // Chunk c of a streaming block's row into the staging buffer by cp.async (each thread its own
 // 16-byte groups, at the offsets LoadChunkValues reads them from, so each thread later reads
 // only what it copied itself: its own wait_group orders it, no barrier). Only a whole chunk at
@@ -457,15 +475,12 @@ __device__ __forceinline__ bool StageChunk(const StepParams& p, int split_index,
     return false;
   }
   // Group k of thread t sits at byte 16 * (t + kSplitThreads * k) of the chunk, for either G
-  // (ChunkColumn<G>(k * G) tokens of 16 / G bytes).
+  // (ChunkColumn<G>(k * G) tokens of 16 / G bytes). Each copy's offset is an immediate of the
+  // instruction: ptxas folds it into the shared address (the global one it still forms), one
+  // instruction a copy fewer than computed addresses.
   const unsigned int to = static_cast<unsigned int>(__cvta_generic_to_shared(staging)) + 16 * threadIdx.x;
   const char* const from = it.run + 16 * threadIdx.x;
-#pragma unroll
-  for (int k = 0; k < kChunkValues / G; ++k) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to + 16 * kSplitThreads * k),
-                 "l"(from + 16 * kSplitThreads * k)
-                 : "memory");
-  }
+  CopyGroups(to, from, std::make_integer_sequence<int, kChunkValues / G>());
   asm volatile("cp.async.commit_group;\n" ::: "memory");
   return true;
 }
