@@ -668,11 +668,12 @@ TEST(CudaBackend, Bf16Fp16PromptLogprobsGoldenAndNanMatchCpu) {
 }
 
 // The split path (top_k <= 64) on rows that stress its candidate lists: all-equal logits and
-// heavy ties (chunks overflow: the general algorithm finishes the row), a block of tokens
+// heavy ties (chunks overflow: the finisher selects the top K from the whole row), a block of tokens
 // tied at the max across chunk boundaries, prompt logprobs, masks and penalties, fp32 and
 // bf16, V = 129,280 (16 chunks) and 8,200 (a last chunk of 8 tokens).
 // Rows that stress the split path: row 0 flat, row 1 heavy ties (values 0-2), row 2 a tied
-// block at the max (every 97th token 9.0), the rest random.
+// block at the max (every 97th token 9.0), row 6 (of more than 6) flat but for spikes in its
+// first chunk, the rest random.
 HostLogits SplitEdgeLogits(int rows, int32_t vocab) {
   HostLogits logits(rows, vocab, 31, 2.0f);
   std::mt19937_64 rng(5);
@@ -680,6 +681,10 @@ HostLogits SplitEdgeLogits(int rows, int32_t vocab) {
     logits.Row(0)[c] = 0.0f;                                        // flat
     logits.Row(1)[c] = static_cast<float>(rng() % 3);               // heavy ties
     if (c % 97 == 0) logits.Row(2)[c] = 9.0f;                       // a tied block at the max
+    // Flat after its first chunk, 63 spikes in it: the chunk blocks find the later chunks
+    // flat (the row's top K from the whole row), the streaming kernel lists nothing there
+    // (they are below the first chunk's threshold); the answers must be the same bits.
+    if (rows > 6) logits.Row(6)[c] = c < cuda::kSplitChunk && c % 131 == 0 ? 5.0f : 0.0f;
   }
   return logits;
 }
@@ -809,6 +814,15 @@ TEST(CudaBackend, SplitStreamKernelEqualsTheChunkBlocksOnTwoChunks) {
   SplitStreamComparison compare;
   ASSERT_TRUE(compare.ok());
   compare.EdgeRows(8200);
+}
+
+// Seven chunks (V = 49,160, the last partial): the streaming kernel's later chunks past the
+// first bounds (merges at chunks 1, 2 and 4; chunks 3-6 list against them), in a size that
+// racecheck finishes (scripts/gpu_mps.sh check).
+TEST(CudaBackend, SplitStreamKernelEqualsTheChunkBlocksOnSevenChunks) {
+  SplitStreamComparison compare;
+  ASSERT_TRUE(compare.ok());
+  compare.EdgeRows(6 * cuda::kSplitChunk + 8);
 }
 
 // The same at V = 129,280 and 129,283 (rows at addresses not 16-byte aligned load directly),

@@ -384,8 +384,12 @@ __device__ __forceinline__ void RankTopK(Shared& sh, const float* u_s, const int
 }
 
 // The last chunk block of a row finishes it: the stages above, then FinishCandidates; a
-// faulty row gets its status, a flat one (a chunk overflowed its list) the general algorithm.
-static __device__ __noinline__ void SplitFinishRow(const StepParams& p, int split_index, SplitFinishSmem& fs) {
+// faulty row gets its status; a flat one (a chunk overflowed its list) the same finish from its
+// top K by a radix selection over the whole row.
+// `bound_x`: an x that at least K tokens of the row reach (the streaming kernel's), or NaN:
+// the chunks' maxima give one (MergeChunkMaxima).
+static __device__ __noinline__ void SplitFinishRow(const StepParams& p, int split_index, SplitFinishSmem& fs,
+                                                   float bound_x) {
   __shared__ SplitRowSummary row;
   Shared& sh = fs.sh;
   const int j = p.split_jobs[split_index];
@@ -410,20 +414,54 @@ static __device__ __noinline__ void SplitFinishRow(const StepParams& p, int spli
     return;
   }
   if (row.flat) {
-    // A flat row: x into the workspace (steps 1-3 again), then the general algorithm.
-    float* x = p.workspace + static_cast<int64_t>(j) * V;
-    int bad;
-    float m, mn;
-    LoadChunk(p, job, 0, V, x, &bad, &m, &mn);
-    m = BlockReduce(m, MaxOp(), sh.scratch_f);
-    if (threadIdx.x == 0) p.row_max[j] = OrderKey(m);
+    // A flat row (a chunk listed more than kSplitCapacity tokens): x into the workspace (steps
+    // 1-3 again), the row's top K by a radix selection over it, then the same finish as any
+    // other row, from the same partials. What a row answers is a function of its top K and its
+    // partials alone, not of which chunks overflowed their lists: the streaming kernel, whose
+    // later chunks list against a bound from earlier ones, overflows on other rows than the
+    // chunk blocks do and must answer the same bits (SPEC 8, batch invariance).
+    const float* x = p.workspace + static_cast<int64_t>(j) * V;
+    {
+      int bad;
+      float m, mn;
+      LoadChunk(p, job, 0, V, p.workspace + static_cast<int64_t>(j) * V, &bad, &m, &mn);
+    }
     __syncthreads();
-    SampleRowGeneral(p, j, sh);
+    RadixSelect(sh, V,
+                [&](int c, uint32_t* k) -> unsigned long long {
+                  const float v = x[c];
+                  *k = OrderKey(v / T);
+                  return v == kNegInf ? 0ull : 1ull;
+                },
+                static_cast<unsigned long long>(K - 1));
+    const bool cut = sh.sel_id >= 0;  // else fewer than K finite tokens: all of them
+    const uint32_t cut_key = sh.sel_key;
+    const int cut_id = sh.sel_id;
+    __syncthreads();
+    if (threadIdx.x == 0) sh.count = 0;
+    __syncthreads();
+    for (int c = threadIdx.x; c < V; c += blockDim.x) {
+      const float v = x[c];
+      if (v == kNegInf) continue;
+      const float s = v / T;
+      if (!cut || AtOrBefore(OrderKey(s), c, cut_key, cut_id)) {
+        const int at = atomicAdd(&sh.count, 1);  // exactly min(K, finite) <= kCandidateCapacity
+        sh.cand_id[at] = c;
+        sh.cand_s[at] = s;
+      }
+    }
+    __syncthreads();
+    const int n_cand = sh.count;
+    __syncthreads();
+    stage(16);
+    FinishCandidates(sh, job, out, V, x_max / T, row.z, n_cand, /*sorted=*/false);
+    __syncthreads();
+    stage(17);
     return;
   }
   static_assert(kSplitWarps * 64 * sizeof(float) <= sizeof(sh.hist_mass), "merge space");
   float(*merged)[64] = reinterpret_cast<float(*)[64]>(sh.hist_mass);  // free until the finish
-  MergeChunkMaxima(layout, split_index, merged);
+  if (!(bound_x == bound_x)) MergeChunkMaxima(layout, split_index, merged);
   // The union in sh.cand_key and sh.cum's storage (free until FinishCandidates).
   const int listed = row.listed;
   float* u_s = sh.cand_key;
@@ -437,7 +475,11 @@ static __device__ __noinline__ void SplitFinishRow(const StepParams& p, int spli
     fs.survived = 0;
   }
   __syncthreads();
-  KthBound(merged, K, T, fs);
+  if (bound_x == bound_x) {
+    if (threadIdx.x == 0) fs.s_min = bound_x / T;
+  } else {
+    KthBound(merged, K, T, fs);
+  }
   __syncthreads();
   const int n_survivors = SelectSurvivors(fs, listed, K, u_s, survivors);
   RankTopK(sh, u_s, u_id, survivors, n_survivors, K);
