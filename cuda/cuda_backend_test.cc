@@ -681,9 +681,9 @@ HostLogits SplitEdgeLogits(int rows, int32_t vocab) {
     logits.Row(0)[c] = 0.0f;                                        // flat
     logits.Row(1)[c] = static_cast<float>(rng() % 3);               // heavy ties
     if (c % 97 == 0) logits.Row(2)[c] = 9.0f;                       // a tied block at the max
-    // Flat after its first chunk, 63 spikes in it: the chunk blocks find the later chunks
-    // flat (the row's top K from the whole row), the streaming kernel lists nothing there
-    // (they are below the first chunk's threshold); the answers must be the same bits.
+    // Flat after its first chunk, 63 spikes in it: its later chunks overflow, and the row's
+    // top K (from the whole row) lies in the first; a kernel that listed against a bound from
+    // earlier chunks would not overflow there and must answer the same bits.
     if (rows > 6) logits.Row(6)[c] = c < cuda::kSplitChunk && c % 131 == 0 ? 5.0f : 0.0f;
   }
   return logits;
@@ -816,9 +816,9 @@ TEST(CudaBackend, SplitStreamKernelEqualsTheChunkBlocksOnTwoChunks) {
   compare.EdgeRows(8200);
 }
 
-// Seven chunks (V = 49,160, the last partial): the streaming kernel's later chunks past the
-// first bounds (merges at chunks 1, 2 and 4; chunks 3-6 list against them), in a size that
-// racecheck finishes (scripts/gpu_mps.sh check).
+// Seven chunks (V = 49,160, the last partial): the streaming kernel's shared state past its
+// first reuse by parity (chunks 2-6 write what chunks 0-4 wrote), in a size that racecheck
+// finishes (scripts/gpu_mps.sh check).
 TEST(CudaBackend, SplitStreamKernelEqualsTheChunkBlocksOnSevenChunks) {
   SplitStreamComparison compare;
   ASSERT_TRUE(compare.ok());

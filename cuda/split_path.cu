@@ -34,40 +34,17 @@ __device__ __forceinline__ int SplitListCapacity(int chunks) {
   return min(kSplitMaxK, kCandidateCapacity / chunks);
 }
 
-// The most tokens a streaming block's later chunk lists (StreamLightStage) before it takes the
-// chunk again by its own threshold.
-constexpr int kStreamLightCapacity = 256;
-
-// The streaming kernel's state for its rows' later chunks (StreamLightStage), which pass one
-// barrier a chunk (L1): what a chunk publishes lives in two copies by the chunk's parity,
-// since fast threads write the next chunk's while slow ones still read this one's.
-struct StreamLight {
-  float coll_x[2][kStreamLightCapacity];
-  int coll_id[2][kStreamLightCapacity];
-  float warp_m[2][kSplitWarps], warp_mn[2][kSplitWarps], warp_z[2][kSplitWarps];
-  int warp_bad[2][kSplitWarps];
-  float sorted_max[2][kSplitWarps][32];  // each warp's running thread maxima, descending
-  float bound[2];                        // bounds from the running maxima (StreamBoundSlot)
-  int collected[4];                      // by chunk % 4: thread 0 zeroes two chunks ahead
-  // Thread 0's: the previous chunk's partial, written once every warp's Z share is in.
-  float pending_m, pending_mn;
-  int pending_bad, pending_count, pending;
-};
-
 // A block is a chunk first and, if it is its row's last, the row's finisher: the two phases
-// share one piece of shared memory. (`light`: a streaming block's, in room that the finish's
-// part of the union leaves anyway; unused by chunk blocks.)
+// share one piece of shared memory.
 struct SplitChunkSmem {
   __align__(16) float xs[kSplitChunk];  // the chunk, only to apply its token updates
   float coll_x[kSplitCapacity];
   int coll_id[kSplitCapacity];
-  StreamLight light;
 };
 union SplitSmem {
   SplitChunkSmem chunk;
   SplitFinishSmem finish;
 };
-static_assert(sizeof(SplitChunkSmem) <= sizeof(SplitFinishSmem), "the streaming state costs no shared memory");
 
 // The chunk's values live in registers: thread t's r-th value is token lo + ChunkColumn<G>(r),
 // G consecutive tokens (one 16-byte load: G = 4 fp32 or 8 bf16 / fp16) from the groups t,
@@ -231,104 +208,8 @@ __device__ void UpdateChunkValues(const StepParams& p, const RowJob& job, int lo
   }
 }
 
-// Lists the chunk's tokens that may rank among its row's top K, given t_x: an x that at least K
-// tokens of the row reach, all of them in this chunk or in earlier ones (ranked first at equal
-// scores: lower ids). Listed: x >= x_lo, a margin below t_x that every x with x / T >= t_x / T
-// (both rounded, the latter a normal float) clears. The few it adds (x just under t_x) are
-// tokens of the row like any other: the finisher ranks the union by s = x / T, so a superset
-// loses nothing, and no division is needed here. (t_x = -inf: fewer than K tokens are known
-// to reach anything; every finite token is listed.) Slots in any order, counted in *count;
-// those past kCapacity are counted, not stored.
-template <int G, int kCapacity = kSplitCapacity>
-__device__ __forceinline__ void CollectAbove(float t_x, float T, const float (&x)[kChunkValues], int lo,
-                                             int* count, float* coll_x, int* coll_id) {
-  auto collect = [&](int r) {
-    const int at = atomicAdd(count, 1);
-    if (at < kCapacity) {
-      coll_x[at] = x[r];
-      coll_id[at] = lo + ChunkColumn<G>(r);
-    }
-  };
-  const float s_min = t_x / T;
-  if (t_x == kNegInf || fabsf(s_min) >= FLT_MIN) {
-    const float x_lo = t_x == kNegInf ? -FLT_MAX : t_x - fabsf(t_x) * 0x1.0p-20f - 1e-30f;
-#pragma unroll
-    for (int r = 0; r < kChunkValues; ++r) {
-      if (x[r] >= x_lo) collect(r);
-    }
-  } else {
-    // t_x's score is subnormal or zero (a huge T, or T = +inf: every finite x / T is +-0):
-    // distant x can share a score there, so the margin above does not hold. Each token by its
-    // exact score instead (block-uniform; with T = +inf every finite token, so the chunk
-    // overflows and the finisher selects from the whole row).
-#pragma unroll
-    for (int r = 0; r < kChunkValues; ++r) {
-      if (x[r] != kNegInf && x[r] / T >= s_min) collect(r);
-    }
-  }
-}
-
-// The chunk's list into its scratch slot from the nc <= kSplitCapacity tokens collected:
-// as they are where they fit (the finisher ranks the union), else the chunk's top K by each
-// one's rank among them. Returns the list's length. Every thread calls it.
-__device__ __forceinline__ int WriteChunkList(const SplitLayout& layout, const SplitItem& it, int K, float T,
-                                              int nc, const float* coll_x, const int* coll_id) {
-  if (nc <= SplitListCapacity(layout.chunks)) {
-    for (int i = threadIdx.x; i < nc; i += kSplitThreads) {
-      layout.cand_x[it.slot * kSplitMaxK + i] = coll_x[i];
-      layout.cand_id[it.slot * kSplitMaxK + i] = coll_id[i];
-    }
-    return nc;
-  }
-  RankAmong(
-      nc,
-      [&](int a, float* sa, int* ia) {
-        *sa = coll_x[a] / T;
-        *ia = coll_id[a];
-      },
-      [&](int a, int r) {
-        if (r < K) {
-          layout.cand_x[it.slot * kSplitMaxK + r] = coll_x[a];
-          layout.cand_id[it.slot * kSplitMaxK + r] = coll_id[a];
-        }
-      });
-  return K;
-}
-
-// The chunk's Z partial, a warp's share: exp2 of (x - m) * log2(e) / T (Z only feeds top-p and
-// the logprobs' normaliser, within the CPU's 1e-5 tolerance), each thread's values in order,
-// then a fixed tree. Both stages sum the warps' shares in warp order, so every path's partial
-// has the same bits.
-__device__ __forceinline__ float WarpZ(const float (&x)[kChunkValues], float m, float T) {
-  const float scale = Log2eOverT(T);
-  float z = 0.0f;
-  if (m != kNegInf) {
-#pragma unroll
-    for (int r = 0; r < kChunkValues; ++r) z += Exp2Approx((x[r] - m) * scale);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xFFFFFFFFu, z, o);
-  return z;
-}
-
-// One warp: the largest 64 of the block's thread maxima, from each warp's 32 sorted descending,
-// merged in registers.
-static_assert(kSplitWarps == 8 && kSplitMaxK <= 64, "the merge tree takes 8 lists and keeps 64");
-__device__ __forceinline__ Top64 MergeWarpMaxima(const float (*sorted)[32]) {
-  const int lane = threadIdx.x & 31;
-  float v[kSplitWarps];
-#pragma unroll
-  for (int w = 0; w < kSplitWarps; ++w) v[w] = sorted[w][lane];
-  return MergeTop64(MergeTop64(Merge32(v[0], v[1]), Merge32(v[2], v[3])),
-                    MergeTop64(Merge32(v[4], v[5]), Merge32(v[6], v[7])));
-}
-// The K-th largest of a descending 64 (1 <= K <= 64), in every lane.
-__device__ __forceinline__ float KthOf(const Top64& t, int K) {
-  return K <= 32 ? __shfl_sync(0xFFFFFFFFu, t.hi, K - 1) : __shfl_sync(0xFFFFFFFFu, t.lo, K - 33);
-}
-
-// The chunk stage's shared state: a chunk block's, or a streaming block's for its row's first
-// chunk (and any later chunk that overflows StreamLightStage's lists).
+// The chunk stage's shared state: a chunk block's, or a streaming block's for each of its row's
+// chunks in turn.
 struct SplitChunkShared {
   float warp_m[kSplitWarps], warp_mn[kSplitWarps], warp_z[kSplitWarps];
   int warp_bad[kSplitWarps];
@@ -342,9 +223,7 @@ struct SplitChunkShared {
 // One chunk of a split job, its values already in x (LoadChunkValues; token updates applied):
 // the chunk's threshold, Z partial and list into its scratch slot. Barriers: S1 publishes each
 // warp's extremes and its sorted thread maxima; S2 the chunk's threshold; S3 the collected
-// tokens. Every thread calls it; thread 0 zeroes cs.collected[parity] before S1 (whoever read
-// that count last has passed a barrier since: S3 of the chunk before last, or the streaming
-// kernel's later barriers).
+// tokens. Every thread calls it; cs.collected[parity] is zero on entry.
 // (Issue 49's second session measured two changes here, both slower on the H100 and reverted:
 // Z's partial before S1 against each warp's own max, so that warp 0's merge tree alone lies
 // between S1 and S2 (R = 1's chunk stage 4.8 -> 6.3 us with the next one); and the collection
@@ -365,7 +244,6 @@ __device__ __forceinline__ void SplitChunkStage(const StepParams& p, const Split
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float T = job.temperature;
   const int K = job.top_k;
-  if (threadIdx.x == 0) cs.collected[parity] = 0;
   // Each warp's extremes and faults, and its 32 thread maxima sorted descending (bitonic, in
   // registers): the chunk's threshold below is the K-th largest thread maximum.
   {
@@ -400,33 +278,98 @@ __device__ __forceinline__ void SplitChunkStage(const StepParams& p, const Split
   // s >= it / T. Warp 0 merges the eight warps' sorted lists in registers, keeping the largest
   // 64 (K <= kSplitMaxK), while the others sum Z. (Ranking every entry by binary search in
   // the other warps' lists took 29% of the kernel's instructions in ncu; this is ~250 a chunk.)
+  static_assert(kSplitWarps == 8 && kSplitMaxK <= 64, "the merge tree takes 8 lists and keeps 64");
   if (warp == 0) {
-    const Top64 t = MergeWarpMaxima(cs.sorted_max);
-    const float kth = KthOf(t, K);
+    float v[kSplitWarps];
+#pragma unroll
+    for (int w = 0; w < kSplitWarps; ++w) v[w] = cs.sorted_max[w][lane];
+    const Top64 t = MergeTop64(MergeTop64(Merge32(v[0], v[1]), Merge32(v[2], v[3])),
+                               MergeTop64(Merge32(v[4], v[5]), Merge32(v[6], v[7])));
+    const float kth = K <= 32 ? __shfl_sync(0xFFFFFFFFu, t.hi, K - 1) : __shfl_sync(0xFFFFFFFFu, t.lo, K - 33);
     if (lane == 0) cs.threshold = kth;
     layout.maxima[it.slot * 64 + lane] = t.hi;  // for the finisher's bound
     layout.maxima[it.slot * 64 + 32 + lane] = t.lo;
   }
-  // Z's partial (WarpZ), while warp 0 merges.
+  // Z's partial (exp2 of x * log2(e) / T: Z only feeds top-p and the logprobs' normaliser,
+  // within the CPU's 1e-5 tolerance): each thread's values in order, then a fixed tree.
+  const float scale = Log2eOverT(T);
   {
-    const float z = WarpZ(x, m, T);
+    float z = 0.0f;
+    if (m != kNegInf) {
+#pragma unroll
+      for (int r = 0; r < kChunkValues; ++r) z += Exp2Approx((x[r] - m) * scale);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xFFFFFFFFu, z, o);
     if (lane == 0) cs.warp_z[warp] = z;
   }
   __syncthreads();  // S2
   stage(12);
-  // The tokens listed (CollectAbove): at least K of the chunk's reach the threshold.
+  // The tokens listed: x >= x_lo, a margin below the threshold that every x with
+  // x / T >= threshold / T (both rounded, the latter a normal float) clears. The few it adds
+  // (x just under the threshold) are tokens of the row like any other: the finisher ranks the
+  // union by s = x / T, so a superset of the chunk's top K loses nothing, and no division is
+  // needed here.
+  // (Threshold -inf: fewer than K threads hold a finite token; every finite token is listed.)
   const float t_x = cs.threshold;
   // (Issue 49's third session measured the collection as a word of bits, FSETP / SEL / IADD a
   // value and one atomic a thread for all its slots, instead of this branch a value and atomic
   // a listed token: the loop over the bits needs a value by run-time index, and a copy of x in
   // local memory for it made prefill R = 384 197.5 us against 146.6 and R = 8,192 4,155
   // against 2,205, the local stores leaving through L1 to HBM; docs/gpu-notes.md.)
-  CollectAbove<G>(t_x, T, x, it.lo, &cs.collected[parity], coll_x, coll_id);
+  auto collect = [&](int r) {
+    const int at = atomicAdd(&cs.collected[parity], 1);  // slots in any order: the finisher ranks
+    if (at < kSplitCapacity) {
+      coll_x[at] = x[r];
+      coll_id[at] = it.lo + ChunkColumn<G>(r);
+    }
+  };
+  const float s_min = t_x / T;
+  if (t_x == kNegInf || fabsf(s_min) >= FLT_MIN) {
+    const float x_lo = t_x == kNegInf ? -FLT_MAX : t_x - fabsf(t_x) * 0x1.0p-20f - 1e-30f;
+#pragma unroll
+    for (int r = 0; r < kChunkValues; ++r) {
+      if (x[r] >= x_lo) collect(r);
+    }
+  } else {
+    // The threshold's score is subnormal or zero (a huge T, or T = +inf: every finite x / T
+    // is +-0): distant x can share a score there, so the margin above does not hold. Each
+    // token by its exact score instead (block-uniform; with T = +inf every finite token, so
+    // the chunk overflows and the finisher selects from the whole row).
+#pragma unroll
+    for (int r = 0; r < kChunkValues; ++r) {
+      if (x[r] != kNegInf && x[r] / T >= s_min) collect(r);
+    }
+  }
   __syncthreads();  // S3
   stage(13);
   const int nc = cs.collected[parity];
-  // More than kSplitCapacity: a flat chunk, the finisher takes the row's top K from the whole row.
-  const int count = nc > kSplitCapacity ? -1 : WriteChunkList(layout, it, K, T, nc, coll_x, coll_id);
+  int count;
+  if (nc > kSplitCapacity) {
+    count = -1;  // a flat chunk: the finisher takes the row's top K from the whole row
+  } else if (nc <= SplitListCapacity(layout.chunks)) {
+    // The usual case: the collected tokens as they are (the finisher ranks the union).
+    for (int i = threadIdx.x; i < nc; i += kSplitThreads) {
+      layout.cand_x[it.slot * kSplitMaxK + i] = coll_x[i];
+      layout.cand_id[it.slot * kSplitMaxK + i] = coll_id[i];
+    }
+    count = nc;
+  } else {
+    // More than the list holds: the chunk's top K, by each one's rank among the collected.
+    RankAmong(
+        nc,
+        [&](int a, float* sa, int* ia) {
+          *sa = coll_x[a] / T;
+          *ia = coll_id[a];
+        },
+        [&](int a, int r) {
+          if (r < K) {
+            layout.cand_x[it.slot * kSplitMaxK + r] = coll_x[a];
+            layout.cand_id[it.slot * kSplitMaxK + r] = coll_id[a];
+          }
+        });
+    count = K;
+  }
   if (threadIdx.x == 0) {
     float z = cs.warp_z[0];
     for (int w = 1; w < kSplitWarps; ++w) z += cs.warp_z[w];
@@ -438,15 +381,17 @@ __device__ __forceinline__ void SplitChunkStage(const StepParams& p, const Split
 // One chunk `it` of a split job, whole: its values loaded into registers (from `staged`, the
 // staging buffer in shared memory, where it holds the chunk), `after_load()` (the streaming
 // kernel starts its next chunk's copy there, once no thread reads staging any more), the
-// job's token updates, then `stage(st, x, timed)`: the chunk stage (SplitChunkStage, or the
-// streaming kernel's StreamLightStage). Both split kernels take every chunk through it.
-template <int G, typename AfterLoad, typename Stage>
-__device__ __forceinline__ void SplitChunk(const StepParams& p, const SplitItem& it, const RowJob& job,
-                                           const char* staged, SplitSmem& smem, AfterLoad after_load,
-                                           Stage stage) {
+// job's token updates, then the chunk stage (its count in cs.collected[parity]). Both split
+// kernels take every chunk through it.
+template <int G, typename AfterLoad>
+__device__ __forceinline__ void SplitChunk(const StepParams& p, const SplitLayout& layout,
+                                           const SplitItem& it, const RowJob& job,
+                                           const char* staged, SplitSmem& smem,
+                                           SplitChunkShared& cs, int parity, AfterLoad after_load) {
   // Benchmarks: %globaltimer at stage ends of split job 0's chunk 0 (stage_times[9..14]).
   const bool timed = it.slot == 0 && ProbeTimes() != nullptr;  // the pointer from memory once
   if (timed && threadIdx.x == 0) ProbeTimes()[9] = GlobalTimer();
+  if (threadIdx.x == 0) cs.collected[parity] = 0;
   float x[kChunkValues];
   LoadStats st;
   if (staged) asm volatile("cp.async.wait_group 0;\n" ::: "memory");
@@ -454,7 +399,7 @@ __device__ __forceinline__ void SplitChunk(const StepParams& p, const SplitItem&
   after_load();
   if (job.update_end > job.update_begin) UpdateChunkValues<G>(p, job, it.lo, it.n, smem.chunk.xs, x, &st);
   if (timed && threadIdx.x == 0) ProbeTimes()[10] = GlobalTimer();
-  stage(st, x, timed);
+  SplitChunkStage<G>(p, layout, it, job, st, x, smem, cs, parity, timed);
 }
 
 // A chunk block (and, if it is its row's last, the row's finisher).
@@ -474,10 +419,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
   const SplitLayout layout(p);
   const SplitItem it(p, blockIdx.y, blockIdx.x, layout.chunks);
   const RowJob job = p.jobs[it.j];
-  SplitChunk<G>(p, it, job, nullptr, smem, [] {},
-                [&](const LoadStats& st, const float (&x)[kChunkValues], bool timed) {
-                  SplitChunkStage<G>(p, layout, it, job, st, x, smem, cs, 0, timed);
-                });
+  SplitChunk<G>(p, layout, it, job, nullptr, smem, cs, 0, [] {});
   // Arrival: every thread's writes reach the device before thread 0 counts this chunk in
   // (the threadfence-reduction pattern); the row's last arrival finishes it and re-arms the
   // counter for the next launch.
@@ -497,12 +439,11 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
 // A streaming block's shared memory, reached by name from both the kernel and StreamChunk (a
 // reference passed into a call that is not inlined would make every access a generic one).
 struct StreamShared {
-  SplitSmem smem;          // the chunk stages' (staging in smem.chunk.xs), then the finish's
-  SplitChunkShared cs;     // the first chunk's (and an overflowing later one's) SplitChunkStage
+  SplitSmem smem;          // the chunk stage's, staging (smem.chunk.xs) and the finish's
+  SplitChunkShared cs;
   RowJob job;              // the row's job: the chunk loop's values need the registers
   int j;                   // its index in p.jobs
   const char* row;         // column 0's address where the row is one run, else null (RowRun)
-  float bound;             // the finisher's: an x that at least K tokens of the row reach
 };
 __device__ __forceinline__ StreamShared& Stream() {
   __shared__ __align__(16) StreamShared shared;
@@ -519,33 +460,6 @@ __device__ __forceinline__ void CopyGroup(unsigned int to, const char* from) {
 template <int... k>
 __device__ __forceinline__ void CopyGroups(unsigned int to, const char* from, std::integer_sequence<int, k...>) {
   (CopyGroup<16 * kSplitThreads * k>(to, from), ...);
-}
-
-// How many chunks past the staged one a streaming block warms in L2 (0: none).
-#ifndef SAMPLERD_STREAM_PREFETCH
-#define SAMPLERD_STREAM_PREFETCH 1
-#endif
-constexpr int kStreamPrefetchAhead = SAMPLERD_STREAM_PREFETCH;
-
-// Chunk c of a streaming block's row warmed into L2 by one bulk prefetch (thread 0; a hint, no
-// completion to wait for), where the row is one run at a 16-byte aligned address: a block has
-// its staged chunk's copy in flight and this one's DRAM reads, so each chunk's copy comes from
-// L2 rather than waiting out HBM's latency under load.
-template <int G>
-__device__ __forceinline__ void PrefetchChunk(const StepParams& p, int c, int chunks) {
-  const char* row = Stream().row;
-  if (kStreamPrefetchAhead == 0 || threadIdx.x != 0 || c >= chunks || row == nullptr ||
-      reinterpret_cast<uintptr_t>(row) % 16 != 0) {
-    return;
-  }
-  constexpr int kElem = 16 / G;
-  const int lo = c * kSplitChunk;
-  const int n = min(p.vocab_size, lo + kSplitChunk) - lo;
-  const unsigned int bytes = static_cast<unsigned int>(n * kElem) & ~15u;
-  if (bytes == 0) return;
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row + static_cast<int64_t>(lo) * kElem),
-               "r"(bytes)
-               : "memory");
 }
 
 // Chunk c of a streaming block's row into the staging buffer by cp.async (each thread its own
@@ -571,206 +485,64 @@ __device__ __forceinline__ bool StageChunk(const StepParams& p, int split_index,
   return true;
 }
 
-// Later chunks merge their running thread maxima into a bound only at c = 1, 2, 4, 8, ..: a
-// merge costs every warp a sort and one warp the merge tree, and the bound a merge gives tightens
-// most in the first chunks. Merge c's bound is in slot log2(c) % 2 from chunk c + 2 on, until the
-// next merge's is (chunk c is at least 3 here).
-__device__ __forceinline__ bool StreamMergeChunk(int c) { return (c & (c - 1)) == 0; }
-__device__ __forceinline__ int StreamBoundSlot(int c) { return (31 - __clz(c - 2)) & 1; }
-
-// A streaming block's chunk c >= 1, its values in x: the same partial as SplitChunkStage's bit
-// for bit, and a list that holds every token of the chunk that can rank among the row's top K,
-// with one barrier (L1) instead of three. No threshold of its own: the tokens listed are those
-// at or above a bound the earlier chunks give (CollectAbove), known before the chunk starts, so
-// they are collected before L1, beside the extremes; that bound is the first chunk's threshold,
-// then the K-th largest of the block's running thread maxima (each thread's largest x so far: x
-// of 256 distinct tokens), taken at the merge chunks. What the finisher answers depends on the
-// union of the lists only through its top K (SplitFinishRow), so the row's answer is the chunk
-// blocks' bit for bit. A chunk that collects more than kStreamLightCapacity is taken again by
-// StreamOverflowChunk (its own threshold), and a barrier after it.
-template <int G>
-__device__ void StreamOverflowChunk(const StepParams& p, const SplitLayout& layout, int split_index, int c);
-template <int G>
-__device__ __forceinline__ void StreamLightStage(const StepParams& p, const SplitLayout& layout, const SplitItem& it,
-                                                 const RowJob& job, const LoadStats& st,
-                                                 const float (&x)[kChunkValues], float run_max, int c) {
-  StreamLight& L = Stream().smem.chunk.light;
-  SplitChunkShared& cs = Stream().cs;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const float T = job.temperature;
-  const int K = job.top_k;
-  const int par = c & 1;
-  // Chunks 1 and 2 by the first chunk's threshold (an overflow at chunk 1 leaves chunk 1's own
-  // there, as good a bound: its barriers come before chunk 2 reads it).
-  const float t_x = c <= 2 ? cs.threshold : L.bound[StreamBoundSlot(c)];
-  CollectAbove<G, kStreamLightCapacity>(t_x, T, x, it.lo, &L.collected[c & 3], L.coll_x[par], L.coll_id[par]);
-  const bool merge = StreamMergeChunk(c);
-  const int slot = merge ? (31 - __clz(c)) & 1 : 0;
-  {
-    float m = st.m, mn = st.mn;
-    int bad = st.bad;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-      mn = fminf(mn, __shfl_xor_sync(0xFFFFFFFFu, mn, o));
-      bad |= __shfl_xor_sync(0xFFFFFFFFu, bad, o);
-    }
-    if (merge) L.sorted_max[slot][warp][lane] = BitonicSortDesc32(run_max);
-    if (lane == 0) {
-      L.warp_m[par][warp] = m;
-      L.warp_mn[par][warp] = mn;
-      L.warp_bad[par][warp] = bad;
-    }
-  }
-  __syncthreads();  // L1: this chunk's extremes, maxima and collection; the last one's Z shares
-  if (threadIdx.x == 0) {
-    if (L.pending) {
-      float z = L.warp_z[par ^ 1][0];
-      for (int w = 1; w < kSplitWarps; ++w) z += L.warp_z[par ^ 1][w];
-      layout.partials[it.slot - 1] = SplitPartial{L.pending_m, L.pending_mn, z, L.pending_bad, L.pending_count};
-      L.pending = 0;
-    }
-    L.collected[(c + 2) & 3] = 0;
-  }
-  float m = L.warp_m[par][0], mn = L.warp_mn[par][0];
-  int bad = L.warp_bad[par][0];
-#pragma unroll
-  for (int w = 1; w < kSplitWarps; ++w) {
-    m = fmaxf(m, L.warp_m[par][w]);
-    mn = fminf(mn, L.warp_mn[par][w]);
-    bad |= L.warp_bad[par][w];
-  }
-  {
-    const float z = WarpZ(x, m, T);  // x's last use: the rest runs with its registers free
-    if (lane == 0) L.warp_z[par][warp] = z;
-  }
-  const int nc = L.collected[c & 3];
-  if (nc > kStreamLightCapacity) {
-    StreamOverflowChunk<G>(p, layout, it.split_index, c);
-    __syncthreads();  // its shared state read by all before a later chunk's writes
-    return;
-  }
-  const int count = WriteChunkList(layout, it, K, T, nc, L.coll_x[par], L.coll_id[par]);
-  if (threadIdx.x == 0) {
-    L.pending_m = m;
-    L.pending_mn = mn;
-    L.pending_bad = bad;
-    L.pending_count = count;
-    L.pending = 1;
-  }
-  if (merge && warp == (c & (kSplitWarps - 1))) {
-    const float kth = KthOf(MergeWarpMaxima(L.sorted_max[slot]), K);
-    if (lane == 0) L.bound[slot] = kth;
-  }
-}
-
-// What a streaming chunk hands the next: whether chunk c + 1 is being staged, and the thread's
-// running maximum.
-struct StreamCarry {
-  bool staged;
-  float run_max;
-};
-
 // Chunk c of a streaming block's row (SplitChunk), from staging where `staged`, the next
-// chunk's copy started once this one is loaded (never for a row with token updates: they use
-// the buffer); chunk 0 by SplitChunkStage, the later ones by StreamLightStage. Not inlined:
+// chunk's copy started once this one is loaded. Returns whether chunk c + 1 is being staged
+// (never for a row with token updates: they use the buffer). Not inlined:
 // inside the chunk loop ptxas spilled ~5 KB of the chunk's values (-Xptxas -v); as a call, the
 // body is allocated as the chunk block's is.
-// (kLight: chunks after the first, by StreamLightStage; else by SplitChunkStage: the first
-// chunk, and an overflowing later one loaded again, `stage_next` false.)
-template <int G, bool kLight>
-__device__ __noinline__ StreamCarry StreamChunk(const StepParams& p, const SplitLayout& layout,
-                                                int split_index, int c, StreamCarry carry, bool stage_next) {
+template <int G>
+__device__ __noinline__ bool StreamChunk(const StepParams& p, const SplitLayout& layout,
+                                         int split_index, int c, bool staged) {
   SplitSmem& smem = Stream().smem;
+  SplitChunkShared& cs = Stream().cs;
   const RowJob& job = Stream().job;
   char* const staging = reinterpret_cast<char*>(smem.chunk.xs);
   const bool updates = job.update_end > job.update_begin;
-  StreamCarry next{false, carry.run_max};
-  const SplitItem it(p, split_index, Stream().j, job.logits_row, c, layout.chunks, Stream().row);
-  SplitChunk<G>(
-      p, it, job, carry.staged ? staging : nullptr, smem,
-      [&] {
-        next.staged = stage_next && !updates && StageChunk<G>(p, split_index, c + 1, layout.chunks, staging);
-        if (stage_next) PrefetchChunk<G>(p, c + 1 + kStreamPrefetchAhead, layout.chunks);
-      },
-      [&](const LoadStats& st, const float (&x)[kChunkValues], bool timed) {
-        next.run_max = fmaxf(carry.run_max, st.m);
-        if (kLight) {
-          StreamLightStage<G>(p, layout, it, job, st, x, next.run_max, c);
-        } else {
-          SplitChunkStage<G>(p, layout, it, job, st, x, smem, Stream().cs, 0, timed);
-        }
-      });
-  return next;
+  bool next_staged = false;
+  SplitChunk<G>(p, layout,
+                SplitItem(p, split_index, Stream().j, job.logits_row, c, layout.chunks, Stream().row),
+                job, staged ? staging : nullptr, smem, cs, c & 1, [&] {
+                  next_staged = !updates && StageChunk<G>(p, split_index, c + 1, layout.chunks, staging);
+                });
+  return next_staged;
 }
 
-// A later chunk whose light stage overflowed, by its own threshold: loaded again (from the
-// logits: staging already holds the next chunk's copy), as chunk blocks take it. Rare (a chunk
-// with more than kStreamLightCapacity tokens above the bound: a flat or rising row).
-template <int G>
-__device__ void StreamOverflowChunk(const StepParams& p, const SplitLayout& layout, int split_index, int c) {
-  StreamChunk<G, false>(p, layout, split_index, c, StreamCarry{false, kNegInf}, false);
-}
-
-// The split path with many rows: one block a row, over its chunks in turn, then the row's
-// finish, with no arrival counter. Each chunk leaves the partial a chunk block leaves, bit for
-// bit; the lists differ (StreamLightStage), the row's answer does not. For a row without token
-// updates, chunk c + 1 is copied into shared memory by cp.async while chunk c is worked on
-// from registers, so each block has a chunk's loads in flight through its whole row instead of
-// one burst at its start (a row with updates uses that buffer to apply them, and loads each
-// chunk as a chunk block does). Used where the rows alone fill the GPU (split_stream).
+// The split path with many rows: one block a row, over its chunks in turn, each chunk exactly
+// as a chunk block takes it (the same partials and lists, so the same results bit for bit),
+// then the row's finish, with no arrival counter. For a row without token updates, chunk c + 1
+// is copied into shared memory by cp.async while chunk c is worked on from registers, so each
+// block has a chunk's loads in flight through its whole row instead of one burst at its start
+// (a row with updates uses that buffer to apply them, and loads each chunk as a chunk block
+// does). Used where the rows alone fill the GPU (split_stream).
 template <int G>
 __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitStreamKernel(StepParams p) {
   const SplitLayout layout(p);
   const int split_index = blockIdx.x;
   const int C = layout.chunks;
-  StreamLight& L = Stream().smem.chunk.light;
   if (threadIdx.x == 0) {
     const int j = p.split_jobs[split_index];
     Stream().j = j;
     Stream().job = p.jobs[j];
     Stream().row = RowRun(p, Stream().job.logits_row, 0, p.vocab_size);
-    L.collected[1] = 0;
-    L.collected[2] = 0;
-    L.pending = 0;
   }
   __syncthreads();
   const bool updates = Stream().job.update_end > Stream().job.update_begin;
   char* const staging = reinterpret_cast<char*>(Stream().smem.chunk.xs);
-  StreamCarry carry{!updates && StageChunk<G>(p, split_index, 0, C, staging), kNegInf};
-  for (int c = 1; c <= kStreamPrefetchAhead; ++c) PrefetchChunk<G>(p, c, C);
-  // No barrier between chunks. Chunk 0's stage ends with S3, after which each thread reads only
-  // its own count and list. A later chunk writes its collection, extremes and maxima before its
-  // L1 and its Z shares after it, each into its parity's copy, which no thread still reads:
-  // the readers of chunk c - 2's copy (between L1 of c - 2 and of c - 1) are done once every
-  // thread has passed L1 of c - 1. Counts are four, zeroed two chunks ahead. An overflowing
-  // chunk's SplitChunkStage ends with a barrier. Staging is read and refilled by each thread
-  // at its own offsets only.
-  carry = StreamChunk<G, false>(p, layout, split_index, 0, carry, true);
-  for (int c = 1; c < C; ++c) carry = StreamChunk<G, true>(p, layout, split_index, c, carry, true);
-  __syncthreads();  // the last chunk's Z shares
-  if (threadIdx.x == 0 && L.pending) {
-    const int c = C - 1;
-    float z = L.warp_z[c & 1][0];
-    for (int w = 1; w < kSplitWarps; ++w) z += L.warp_z[c & 1][w];
-    layout.partials[static_cast<int64_t>(split_index) * C + c] =
-        SplitPartial{L.pending_m, L.pending_mn, z, L.pending_bad, L.pending_count};
-  }
-  // The finisher's bound: the K-th largest of the running thread maxima (x of 256 distinct
-  // tokens), tighter than any bound the chunks used.
-  {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    L.sorted_max[0][warp][lane] = BitonicSortDesc32(carry.run_max);
-    __syncthreads();
-    if (warp == 0) {
-      const float kth = KthOf(MergeWarpMaxima(L.sorted_max[0]), Stream().job.top_k);
-      if (lane == 0) Stream().bound = kth;
-    }
-  }
+  // Whether the current chunk is (being) copied into staging.
+  bool staged = !updates && StageChunk<G>(p, split_index, 0, C, staging);
+  // No barrier between chunks (one of four a chunk; ncu put 7% of the kernel's stall samples
+  // at it). What a thread writes in chunk c + 1 after that chunk's S1 (the threshold, the Z
+  // partials, the collected tokens) no thread still reads for chunk c: passing S1 of c + 1
+  // needs every thread to have left chunk c. What it writes before S1 of c + 1 (its warp's
+  // extremes and sorted maxima, token updates in xs) chunk c reads only before its own S3,
+  // which this thread has passed, so every thread has too; the exception is the token count,
+  // read after S3, so thread 0 zeroes the other parity's. Staging is read and refilled by
+  // each thread at its own offsets only.
+  for (int c = 0; c < C; ++c) staged = StreamChunk<G>(p, layout, split_index, c, staged);
   // The finisher reads the partials and lists through L2, as it reads other blocks'.
   __threadfence();
   __syncthreads();
-  SplitFinishRow(p, split_index, Stream().smem.finish, Stream().bound);
+  SplitFinishRow(p, split_index, Stream().smem.finish, NAN);
 }
 
 }  // namespace detail

@@ -211,14 +211,7 @@ GPU_MUTANTS = [
      "StageChunk<G>(p, split_index, c + 2, layout.chunks, staging)", 0),
     ("gpu-stream-skips-the-wait", "cuda/split_path.cu",
      'if (staged) asm volatile("cp.async.wait_group 0;\\n" ::: "memory");', "", 0),
-    # Issue 49, fourth session: later chunks list against a bound from earlier ones; flat rows
-    # finished from their top K.
-    ("gpu-stream-bound-is-the-max", "cuda/split_path.cu",
-     "const float kth = KthOf(MergeWarpMaxima(L.sorted_max[slot]), K);",
-     "const float kth = KthOf(MergeWarpMaxima(L.sorted_max[slot]), 1);", 0),
-    ("gpu-stream-partial-takes-this-chunks-z", "cuda/split_path.cu",
-     "float z = L.warp_z[par ^ 1][0];\n      for (int w = 1; w < kSplitWarps; ++w) z += L.warp_z[par ^ 1][w];",
-     "float z = L.warp_z[par][0];\n      for (int w = 1; w < kSplitWarps; ++w) z += L.warp_z[par][w];", 0),
+    # Issue 49, fourth session: flat rows finished from their top K.
     ("gpu-flat-finish-drops-the-kth", "cuda/kernels/split_finish.cuh",
      "if (!cut || AtOrBefore(OrderKey(s), c, cut_key, cut_id)) {",
      "if (!cut || AtOrBefore(OrderKey(s), c, cut_key, cut_id - 1)) {", 0),
