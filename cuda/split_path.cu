@@ -433,7 +433,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
   if (!last) return;
   __threadfence();
   if (threadIdx.x == 0) p.split_arrivals[it.split_index] = 0;
-  SplitFinishRow(p, it.split_index, smem.finish, NAN);
+  SplitFinishRow(p, it.split_index, smem.finish);
 }
 
 // A streaming block's shared memory, reached by name from both the kernel and StreamChunk (a
@@ -542,7 +542,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitStreamK
   // The finisher reads the partials and lists through L2, as it reads other blocks'.
   __threadfence();
   __syncthreads();
-  SplitFinishRow(p, split_index, Stream().smem.finish, NAN);
+  SplitFinishRow(p, split_index, Stream().smem.finish);
 }
 
 }  // namespace detail

@@ -386,10 +386,7 @@ __device__ __forceinline__ void RankTopK(Shared& sh, const float* u_s, const int
 // The last chunk block of a row finishes it: the stages above, then FinishCandidates; a
 // faulty row gets its status; a flat one (a chunk overflowed its list) the same finish from its
 // top K by a radix selection over the whole row.
-// `bound_x`: an x that at least K tokens of the row reach (the streaming kernel's), or NaN:
-// the chunks' maxima give one (MergeChunkMaxima).
-static __device__ __noinline__ void SplitFinishRow(const StepParams& p, int split_index, SplitFinishSmem& fs,
-                                                   float bound_x) {
+static __device__ __noinline__ void SplitFinishRow(const StepParams& p, int split_index, SplitFinishSmem& fs) {
   __shared__ SplitRowSummary row;
   Shared& sh = fs.sh;
   const int j = p.split_jobs[split_index];
@@ -417,14 +414,14 @@ static __device__ __noinline__ void SplitFinishRow(const StepParams& p, int spli
     // A flat row (a chunk listed more than kSplitCapacity tokens): x into the workspace (steps
     // 1-3 again), the row's top K by a radix selection over it, then the same finish as any
     // other row, from the same partials. What a row answers is a function of its top K and its
-    // partials alone, not of which chunks overflowed their lists: the streaming kernel, whose
-    // later chunks list against a bound from earlier ones, overflows on other rows than the
-    // chunk blocks do and must answer the same bits (SPEC 8, batch invariance).
-    const float* x = p.workspace + static_cast<int64_t>(j) * V;
+    // partials alone, not of which chunks overflowed their lists: a chunk stage that lists
+    // differently (issue 49's branch issue49-light-stage lists later chunks against a bound
+    // from earlier ones) cannot change it (SPEC 8, batch invariance).
+    float* const x = p.workspace + static_cast<int64_t>(j) * V;
     {
       int bad;
       float m, mn;
-      LoadChunk(p, job, 0, V, p.workspace + static_cast<int64_t>(j) * V, &bad, &m, &mn);
+      LoadChunk(p, job, 0, V, x, &bad, &m, &mn);
     }
     __syncthreads();
     RadixSelect(sh, V,
@@ -461,7 +458,7 @@ static __device__ __noinline__ void SplitFinishRow(const StepParams& p, int spli
   }
   static_assert(kSplitWarps * 64 * sizeof(float) <= sizeof(sh.hist_mass), "merge space");
   float(*merged)[64] = reinterpret_cast<float(*)[64]>(sh.hist_mass);  // free until the finish
-  if (!(bound_x == bound_x)) MergeChunkMaxima(layout, split_index, merged);
+  MergeChunkMaxima(layout, split_index, merged);
   // The union in sh.cand_key and sh.cum's storage (free until FinishCandidates).
   const int listed = row.listed;
   float* u_s = sh.cand_key;
@@ -475,11 +472,7 @@ static __device__ __noinline__ void SplitFinishRow(const StepParams& p, int spli
     fs.survived = 0;
   }
   __syncthreads();
-  if (bound_x == bound_x) {
-    if (threadIdx.x == 0) fs.s_min = bound_x / T;
-  } else {
-    KthBound(merged, K, T, fs);
-  }
+  KthBound(merged, K, T, fs);
   __syncthreads();
   const int n_survivors = SelectSurvivors(fs, listed, K, u_s, survivors);
   RankTopK(sh, u_s, u_id, survivors, n_survivors, K);
