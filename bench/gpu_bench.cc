@@ -12,6 +12,9 @@
 // worker's asynchronous loop sends it), so no launch latency falls between the events; the
 // producer a 1 GiB memset ("queued") or a 300 us host function that touches no memory ("idle
 // queued"). "chunks" and "stream": the split path's two kernels, each forced at every R.
+// Where the default ran the streaming kernel, a line "stream kernel blocks ..." follows: its
+// blocks' start, time and end (p0 / p10 / p50 / p90 / p100, us from the first block's start)
+// and their mean end by how many blocks their SM ran (StageTimer::last_block_summary).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -342,6 +345,9 @@ int Main(int argc, char** argv) {
     std::printf("%-22s %12.1f %12.0f %13.1f%% %14.1f %9.2fx %10.1f %12.1f %10.1f %10.1f   split stages us:%s\n",
                 c.name.c_str(), us, gbs, 100.0 * gbs * 1e9 / bandwidth, fused_us, fused_us / us,
                 queued_us, idle_queued_us, chunk_us, stream_us, stages.c_str());
+    if (!timer->last_block_summary().empty()) {
+      std::printf("  stream kernel %s\n", timer->last_block_summary().c_str());
+    }
     rows_out.push_back({c.name, us, queued_us, bytes / bandwidth * 1e6,
                         c.dtype == DType::kFloat32 ? "fp32" : "bf16", c.rows, c.plain});
     cudaFree(device);

@@ -520,6 +520,12 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitStreamK
   const int split_index = blockIdx.x;
   const int C = layout.chunks;
   if (threadIdx.x == 0) {
+    if (unsigned long long* probe = ProbeBlockTimes(split_index)) {
+      unsigned int sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      probe[0] = GlobalTimer();
+      probe[2] = sm;
+    }
     const int j = p.split_jobs[split_index];
     Stream().j = j;
     Stream().job = p.jobs[j];
@@ -543,6 +549,9 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitStreamK
   __threadfence();
   __syncthreads();
   SplitFinishRow(p, split_index, Stream().smem.finish);
+  if (threadIdx.x == 0) {
+    if (unsigned long long* probe = ProbeBlockTimes(split_index)) probe[1] = GlobalTimer();
+  }
 }
 
 }  // namespace detail

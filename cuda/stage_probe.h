@@ -22,6 +22,10 @@ struct StageProbe {
   // Bit 0 skips the fused kernel's threshold counts, bit 1 its partial reduction (results are
   // then wrong: for timing a stage by leaving it out).
   int32_t flags = 0;
+  // The streaming split kernel's blocks below max_blocks write {start, end (%globaltimer, ns),
+  // SM id} at block_times[3 * block]: where its time goes between rows. Null = off.
+  unsigned long long* block_times = nullptr;
+  int32_t max_blocks = 0;
 };
 
 // Makes `probe` what the following launches use (a __constant__ copy).

@@ -1,5 +1,10 @@
 #include "cuda/stage_timer.h"
 
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_format.h"
+
 #include "cuda/cuda_status.h"
 #include "cuda/stage_probe.h"
 #include "sampler/status_macros.h"
@@ -13,8 +18,13 @@ absl::Status StageTimer::BeforeLaunch(cudaStream_t stream) {
   RETURN_IF_ERROR(stamps_.Reserve(kEntries * sizeof(unsigned long long)));
   SAMPLERD_CUDA_RETURN(
       cudaMemsetAsync(stamps_.as<void>(), 0, kEntries * sizeof(unsigned long long), stream));
+  const size_t block_bytes = 3 * sizeof(unsigned long long) * kMaxBlocks;
+  RETURN_IF_ERROR(block_stamps_.Reserve(block_bytes));
+  SAMPLERD_CUDA_RETURN(cudaMemsetAsync(block_stamps_.as<void>(), 0, block_bytes, stream));
   StageProbe probe;
   probe.stage_times = stamps_.as<unsigned long long>();
+  probe.block_times = block_stamps_.as<unsigned long long>();
+  probe.max_blocks = kMaxBlocks;
   probe.flags = flags_;
   SAMPLERD_CUDA_RETURN(SetStageProbe(probe));
   return absl::OkStatus();
@@ -27,10 +37,61 @@ absl::Status StageTimer::AfterStep(bool split_ran) {
   const int t0 = split_ran ? 9 : 0;
   const std::vector<int> order = split_ran ? std::vector<int>{10, 11, 12, 13, 14, 15, 16, 17}
                                            : std::vector<int>{1, 2, 7, 3, 4, 5, 6};
+  std::vector<unsigned long long> b(3 * kMaxBlocks);
+  SAMPLERD_CUDA_RETURN(cudaMemcpy(b.data(), block_stamps_.as<void>(), b.size() * sizeof(b[0]),
+                                  cudaMemcpyDeviceToHost));
   absl::MutexLock lock(&mu_);
   stage_us_.clear();
   for (int k : order) stage_us_.push_back(t[k] >= t[t0] ? (t[k] - t[t0]) * 1e-3 : -1.0);
+  block_summary_ = BlockSummary(b);
   return absl::OkStatus();
+}
+
+// The recorded blocks (start != 0): how many, on how many SMs; their start, their time and
+// their end in us from the first start (p0 / p10 / p50 / p90 / p100); and the mean end of the
+// blocks by how many blocks their SM ran (is the tail the SMs that ran more blocks?).
+std::string StageTimer::BlockSummary(const std::vector<unsigned long long>& b) {
+  std::vector<int> blocks;
+  unsigned long long first = ~0ull;
+  for (int i = 0; i < kMaxBlocks; ++i) {
+    if (b[3 * i] != 0 && b[3 * i + 1] >= b[3 * i]) {
+      blocks.push_back(i);
+      first = std::min(first, b[3 * i]);
+    }
+  }
+  if (blocks.empty()) return "";
+  std::map<unsigned long long, int> per_sm;
+  for (int i : blocks) ++per_sm[b[3 * i + 2]];
+  auto quantiles = [&](auto value) {
+    std::vector<double> v;
+    for (int i : blocks) v.push_back(value(i));
+    std::sort(v.begin(), v.end());
+    std::string out;
+    for (double q : {0.0, 0.1, 0.5, 0.9, 1.0}) {
+      out += absl::StrFormat(" %.1f", v[static_cast<size_t>(q * (v.size() - 1))]);
+    }
+    return out;
+  };
+  std::string out = absl::StrFormat("blocks %d on %d SMs; start us", blocks.size(), per_sm.size());
+  out += quantiles([&](int i) { return (b[3 * i] - first) * 1e-3; });
+  out += "; time us" + quantiles([&](int i) { return (b[3 * i + 1] - b[3 * i]) * 1e-3; });
+  out += "; end us" + quantiles([&](int i) { return (b[3 * i + 1] - first) * 1e-3; });
+  std::map<int, std::pair<double, int>> by_load;  // blocks on the SM -> (sum of ends, blocks)
+  for (int i : blocks) {
+    auto& e = by_load[per_sm[b[3 * i + 2]]];
+    e.first += (b[3 * i + 1] - first) * 1e-3;
+    ++e.second;
+  }
+  out += "; mean end by blocks a SM:";
+  for (const auto& [load, e] : by_load) {
+    out += absl::StrFormat(" %d: %.1f (%d)", load, e.first / e.second, e.second);
+  }
+  return out;
+}
+
+std::string StageTimer::last_block_summary() const {
+  absl::MutexLock lock(&mu_);
+  return block_summary_;
 }
 
 std::vector<double> StageTimer::last_stage_us() const {

@@ -9,6 +9,7 @@
 #ifndef SAMPLERD_CUDA_STAGE_TIMER_H_
 #define SAMPLERD_CUDA_STAGE_TIMER_H_
 
+#include <string>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -31,12 +32,21 @@ class StageTimer final : public LaunchProbe {
   // stage that did not run): the split path's when it ran, else the fused path's.
   std::vector<double> last_stage_us() const;
 
+  // The streaming split kernel's blocks in the last step, where it ran (else empty): where its
+  // time goes between rows, e.g. "blocks 384 on 132 SMs; start us p0 p10 p50 p90 p100; time us
+  // ..; end us ..; mean end by blocks a SM: 2: 130.2 (24) 3: 145.2 (360)".
+  std::string last_block_summary() const;
+
  private:
+  static std::string BlockSummary(const std::vector<unsigned long long>& block_times);
   static constexpr int kEntries = 18;  // StageProbe::stage_times: fused [0, 9), split [9, 18)
+  static constexpr int kMaxBlocks = 16384;  // StageProbe::block_times: {start, end, SM} each
   const int flags_;
   DeviceBuffer stamps_;  // one step at a time (benchmarks run one lane)
+  DeviceBuffer block_stamps_;
   mutable absl::Mutex mu_;
   std::vector<double> stage_us_ ABSL_GUARDED_BY(mu_);
+  std::string block_summary_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace cuda

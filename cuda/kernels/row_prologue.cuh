@@ -46,9 +46,16 @@ __device__ __forceinline__ unsigned long long GlobalTimer() {
 static __constant__ StageProbe g_stage_probe;
 __device__ __forceinline__ unsigned long long* ProbeTimes() { return g_stage_probe.stage_times; }
 __device__ __forceinline__ int32_t ProbeFlags() { return g_stage_probe.flags; }
+// Block b's {start, end, SM} entries where the probe records blocks and b is among them.
+__device__ __forceinline__ unsigned long long* ProbeBlockTimes(int b) {
+  return g_stage_probe.block_times != nullptr && b < g_stage_probe.max_blocks
+             ? g_stage_probe.block_times + 3 * static_cast<int64_t>(b)
+             : nullptr;
+}
 #else
 __device__ __forceinline__ unsigned long long* ProbeTimes() { return nullptr; }
 __device__ __forceinline__ int32_t ProbeFlags() { return 0; }
+__device__ __forceinline__ unsigned long long* ProbeBlockTimes(int) { return nullptr; }
 #endif
 
 // Sets this translation unit's copy of the probe (each path's unit wraps it for SetStageProbe).
