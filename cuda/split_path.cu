@@ -513,7 +513,11 @@ __device__ __noinline__ bool StreamChunk(const StepParams& p, const SplitLayout&
 // is copied into shared memory by cp.async while chunk c is worked on from registers, so each
 // block has a chunk's loads in flight through its whole row instead of one burst at its start
 // (a row with updates uses that buffer to apply them, and loads each chunk as a chunk block
-// does). Used where the rows alone fill the GPU (split_stream).
+// does). Used where the rows alone fill the GPU (split_stream). (More bytes in flight a block
+// measured no faster on an H100: a second staging buffer, chunk c + 2 copied while c is worked
+// on, 147.8 against 146.1 us at prefill R = 384 fp32 and 190.1 against 136.0 bf16; an L2 bulk
+// prefetch of the chunk after the staged one, 150.3. A block's chain of chunks sets its time:
+// gpu-notes, issue 49's fifth session; branch issue49-two-buffers.)
 template <int G>
 __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitStreamKernel(StepParams p) {
   const SplitLayout layout(p);
