@@ -348,6 +348,9 @@ int Main(int argc, char** argv) {
     if (!timer->last_block_summary().empty()) {
       std::printf("  stream kernel %s\n", timer->last_block_summary().c_str());
     }
+    if (!timer->last_chunk_summary().empty()) {
+      std::printf("  split job 0's %s\n", timer->last_chunk_summary().c_str());
+    }
     rows_out.push_back({c.name, us, queued_us, bytes / bandwidth * 1e6,
                         c.dtype == DType::kFloat32 ? "fp32" : "bf16", c.rows, c.plain});
     cudaFree(device);

@@ -223,7 +223,8 @@ struct SplitChunkShared {
 // One chunk of a split job, its values already in x (LoadChunkValues; token updates applied):
 // the chunk's threshold, Z partial and list into its scratch slot. Barriers: S1 publishes each
 // warp's extremes and its sorted thread maxima; S2 the chunk's threshold; S3 the collected
-// tokens. Every thread calls it; cs.collected[parity] is zero on entry.
+// tokens. Every thread calls it; cs.collected[parity] is zero on entry. `stamps`: benchmarks'
+// (ProbeChunkTimes), null in production.
 // (Issue 49's second session measured two changes here, both slower on the H100 and reverted:
 // Z's partial before S1 against each warp's own max, so that warp 0's merge tree alone lies
 // between S1 and S2 (R = 1's chunk stage 4.8 -> 6.3 us with the next one); and the collection
@@ -235,9 +236,9 @@ __device__ __forceinline__ void SplitChunkStage(const StepParams& p, const Split
                                                 const SplitItem& it, const RowJob& job,
                                                 const LoadStats& st, const float (&x)[kChunkValues],
                                                 SplitSmem& smem, SplitChunkShared& cs,
-                                                int parity, bool timed) {
+                                                int parity, unsigned long long* stamps) {
   auto stage = [&](int k) {
-    if (timed && threadIdx.x == 0) ProbeTimes()[k] = GlobalTimer();
+    if (stamps != nullptr && threadIdx.x == 0) stamps[k] = GlobalTimer();
   };
   float* const coll_x = smem.chunk.coll_x;
   int* const coll_id = smem.chunk.coll_id;
@@ -263,7 +264,7 @@ __device__ __forceinline__ void SplitChunkStage(const StepParams& p, const Split
     }
   }
   __syncthreads();  // S1
-  stage(11);
+  stage(3);
   float m = cs.warp_m[0], mn = cs.warp_mn[0];
   int bad = cs.warp_bad[0];
 #pragma unroll
@@ -304,7 +305,7 @@ __device__ __forceinline__ void SplitChunkStage(const StepParams& p, const Split
     if (lane == 0) cs.warp_z[warp] = z;
   }
   __syncthreads();  // S2
-  stage(12);
+  stage(4);
   // The tokens listed: x >= x_lo, a margin below the threshold that every x with
   // x / T >= threshold / T (both rounded, the latter a normal float) clears. The few it adds
   // (x just under the threshold) are tokens of the row like any other: the finisher ranks the
@@ -342,7 +343,7 @@ __device__ __forceinline__ void SplitChunkStage(const StepParams& p, const Split
     }
   }
   __syncthreads();  // S3
-  stage(13);
+  stage(5);
   const int nc = cs.collected[parity];
   int count;
   if (nc > kSplitCapacity) {
@@ -375,7 +376,7 @@ __device__ __forceinline__ void SplitChunkStage(const StepParams& p, const Split
     for (int w = 1; w < kSplitWarps; ++w) z += cs.warp_z[w];
     layout.partials[it.slot] = SplitPartial{m, mn, z, bad, count};
   }
-  stage(14);
+  stage(6);
 }
 
 // One chunk `it` of a split job, whole: its values loaded into registers (from `staged`, the
@@ -388,18 +389,19 @@ __device__ __forceinline__ void SplitChunk(const StepParams& p, const SplitLayou
                                            const SplitItem& it, const RowJob& job,
                                            const char* staged, SplitSmem& smem,
                                            SplitChunkShared& cs, int parity, AfterLoad after_load) {
-  // Benchmarks: %globaltimer at stage ends of split job 0's chunk 0 (stage_times[9..14]).
-  const bool timed = it.slot == 0 && ProbeTimes() != nullptr;  // the pointer from memory once
-  if (timed && threadIdx.x == 0) ProbeTimes()[9] = GlobalTimer();
+  // Benchmarks: %globaltimer at stage ends of split job 0's first chunks (ProbeChunkTimes).
+  unsigned long long* const stamps = it.split_index == 0 ? ProbeChunkTimes(it.lo / kSplitChunk) : nullptr;
+  if (stamps != nullptr && threadIdx.x == 0) stamps[0] = GlobalTimer();
   if (threadIdx.x == 0) cs.collected[parity] = 0;
   float x[kChunkValues];
   LoadStats st;
   if (staged) asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  if (stamps != nullptr && threadIdx.x == 0) stamps[1] = GlobalTimer();
   LoadChunkValues<G>(p, job, it.run, it.lo, it.n, x, &st, staged);
   after_load();
   if (job.update_end > job.update_begin) UpdateChunkValues<G>(p, job, it.lo, it.n, smem.chunk.xs, x, &st);
-  if (timed && threadIdx.x == 0) ProbeTimes()[10] = GlobalTimer();
-  SplitChunkStage<G>(p, layout, it, job, st, x, smem, cs, parity, timed);
+  if (stamps != nullptr && threadIdx.x == 0) stamps[2] = GlobalTimer();
+  SplitChunkStage<G>(p, layout, it, job, st, x, smem, cs, parity, stamps);
 }
 
 // A chunk block (and, if it is its row's last, the row's finisher).

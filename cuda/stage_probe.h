@@ -15,9 +15,16 @@
 namespace samplerd {
 namespace cuda {
 
+// stage_times: the split kernels' chunks c < kProbeChunks of split job 0 write 7 stamps each
+// from kProbeChunkBase + 7c (start, staged data arrived, loaded, S1, S2, S3, end).
+inline constexpr int kProbeChunks = 16;
+inline constexpr int kProbeChunkBase = 18;
+inline constexpr int kProbeEntries = kProbeChunkBase + 7 * kProbeChunks;
+
 struct StageProbe {
   // The fused kernel's block 0 of its first job writes %globaltimer at its stage boundaries
-  // (entries 0-8, nanoseconds), the split kernels for split job 0 theirs (9-17). Null = off.
+  // (entries 0-8, nanoseconds), split job 0's finisher its (15-17), its chunks theirs
+  // (kProbeChunkBase on). Null = off.
   unsigned long long* stage_times = nullptr;
   // Bit 0 skips the fused kernel's threshold counts, bit 1 its partial reduction (results are
   // then wrong: for timing a stage by leaving it out).

@@ -33,10 +33,13 @@ absl::Status StageTimer::BeforeLaunch(cudaStream_t stream) {
 absl::Status StageTimer::AfterStep(bool split_ran) {
   unsigned long long t[kEntries];
   SAMPLERD_CUDA_RETURN(cudaMemcpy(t, stamps_.as<void>(), sizeof(t), cudaMemcpyDeviceToHost));
-  // The split path's stages when it ran (from its chunk kernel's start), else the fused one's.
-  const int t0 = split_ran ? 9 : 0;
-  const std::vector<int> order = split_ran ? std::vector<int>{10, 11, 12, 13, 14, 15, 16, 17}
-                                           : std::vector<int>{1, 2, 7, 3, 4, 5, 6};
+  // The split path's stages when it ran (from its job 0's chunk 0's start: that chunk loaded,
+  // S1, S2, S3, its end, then the finisher's), else the fused one's.
+  const int c0 = kProbeChunkBase;
+  const int t0 = split_ran ? c0 : 0;
+  const std::vector<int> order =
+      split_ran ? std::vector<int>{c0 + 2, c0 + 3, c0 + 4, c0 + 5, c0 + 6, 15, 16, 17}
+                : std::vector<int>{1, 2, 7, 3, 4, 5, 6};
   std::vector<unsigned long long> b(3 * kMaxBlocks);
   SAMPLERD_CUDA_RETURN(cudaMemcpy(b.data(), block_stamps_.as<void>(), b.size() * sizeof(b[0]),
                                   cudaMemcpyDeviceToHost));
@@ -44,7 +47,37 @@ absl::Status StageTimer::AfterStep(bool split_ran) {
   stage_us_.clear();
   for (int k : order) stage_us_.push_back(t[k] >= t[t0] ? (t[k] - t[t0]) * 1e-3 : -1.0);
   block_summary_ = BlockSummary(b);
+  chunk_summary_ = split_ran ? ChunkSummary(t) : "";
   return absl::OkStatus();
+}
+
+std::string StageTimer::ChunkSummary(const unsigned long long* t) {
+  auto at = [&](int c, int s) { return t[kProbeChunkBase + 7 * c + s]; };
+  static const char* const kNames[] = {"wait", "load", "S1", "S2", "S3", "lists"};
+  double sum[7] = {};
+  int n = 0;
+  unsigned long long first = 0, last = 0;
+  for (int c = 1; c < kProbeChunks; ++c) {
+    bool whole = true;
+    for (int s = 0; s < 7; ++s) whole = whole && at(c, s) != 0;
+    if (!whole) break;  // the row's chunks end (or a later one was not timed)
+    for (int s = 0; s < 6; ++s) sum[s] += (at(c, s + 1) - at(c, s)) * 1e-3;
+    if (c + 1 < kProbeChunks && at(c + 1, 0) != 0) sum[6] += (at(c + 1, 0) - at(c, 6)) * 1e-3;
+    if (n == 0) first = at(c, 0);
+    last = at(c, 6);
+    ++n;
+  }
+  if (n == 0) return "";
+  std::string out = absl::StrFormat("chunks 1-%d mean us:", n);
+  for (int s = 0; s < 6; ++s) out += absl::StrFormat(" %s %.2f", kNames[s], sum[s] / n);
+  out += absl::StrFormat(" gap %.2f; period %.2f", n > 1 ? sum[6] / (n - 1) : 0.0,
+                         (last - first) * 1e-3 / n);
+  return out;
+}
+
+std::string StageTimer::last_chunk_summary() const {
+  absl::MutexLock lock(&mu_);
+  return chunk_summary_;
 }
 
 // The recorded blocks (start != 0): how many, on how many SMs; their start, their time and

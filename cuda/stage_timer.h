@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "cuda/device_buffer.h"
 #include "cuda/launch_probe.h"
+#include "cuda/stage_probe.h"
 
 namespace samplerd {
 namespace cuda {
@@ -37,9 +38,15 @@ class StageTimer final : public LaunchProbe {
   // ..; end us ..; mean end by blocks a SM: 2: 130.2 (24) 3: 145.2 (360)".
   std::string last_block_summary() const;
 
+  // Split job 0's chunks in the last step, where the split path ran (else empty): each stage's
+  // mean time over its chunks after the first (the steady state of a streaming block), e.g.
+  // "chunks 1-15 mean us: wait 2.1 load 0.4 S1 0.8 S2 0.9 S3 0.5 lists 0.2 gap 0.1; period 5.0".
+  std::string last_chunk_summary() const;
+
  private:
   static std::string BlockSummary(const std::vector<unsigned long long>& block_times);
-  static constexpr int kEntries = 18;  // StageProbe::stage_times: fused [0, 9), split [9, 18)
+  static std::string ChunkSummary(const unsigned long long* t);
+  static constexpr int kEntries = kProbeEntries;  // StageProbe::stage_times
   static constexpr int kMaxBlocks = 16384;  // StageProbe::block_times: {start, end, SM} each
   const int flags_;
   DeviceBuffer stamps_;  // one step at a time (benchmarks run one lane)
@@ -47,6 +54,7 @@ class StageTimer final : public LaunchProbe {
   mutable absl::Mutex mu_;
   std::vector<double> stage_us_ ABSL_GUARDED_BY(mu_);
   std::string block_summary_ ABSL_GUARDED_BY(mu_);
+  std::string chunk_summary_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace cuda
