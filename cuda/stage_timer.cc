@@ -40,13 +40,17 @@ absl::Status StageTimer::AfterStep(bool split_ran) {
   const std::vector<int> order =
       split_ran ? std::vector<int>{c0 + 2, c0 + 3, c0 + 4, c0 + 5, c0 + 6, 15, 16, 17}
                 : std::vector<int>{1, 2, 7, 3, 4, 5, 6};
-  std::vector<unsigned long long> b(3 * kMaxBlocks);
-  SAMPLERD_CUDA_RETURN(cudaMemcpy(b.data(), block_stamps_.as<void>(), b.size() * sizeof(b[0]),
-                                  cudaMemcpyDeviceToHost));
+  // The streaming kernel's blocks (393 KB) only where the split path ran.
+  std::vector<unsigned long long> b;
+  if (split_ran) {
+    b.resize(3 * kMaxBlocks);
+    SAMPLERD_CUDA_RETURN(cudaMemcpy(b.data(), block_stamps_.as<void>(), b.size() * sizeof(b[0]),
+                                    cudaMemcpyDeviceToHost));
+  }
   absl::MutexLock lock(&mu_);
   stage_us_.clear();
   for (int k : order) stage_us_.push_back(t[k] >= t[t0] ? (t[k] - t[t0]) * 1e-3 : -1.0);
-  block_summary_ = BlockSummary(b);
+  block_summary_ = split_ran ? BlockSummary(b) : "";
   chunk_summary_ = split_ran ? ChunkSummary(t) : "";
   return absl::OkStatus();
 }
