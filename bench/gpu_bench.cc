@@ -289,7 +289,7 @@ int Main(int argc, char** argv) {
   std::vector<Row> rows_out;
   // Each R's logits, generated once for both dtypes (R = 8,192's billion normals take tens of
   // seconds of the GPU machine's time on one host thread).
-  std::map<int, std::unique_ptr<HostLogits>> logits_by_rows;
+  std::map<int, HostLogits> logits_by_rows;
   std::printf("%-22s %12s %12s %14s %14s %10s %10s %12s %10s %10s\n", "config", "kernel us",
               "GB/s read", "% of copy BW", "fused-only us", "speedup", "queued us",
               "idle queued", "chunks us", "stream us");
@@ -298,9 +298,8 @@ int Main(int argc, char** argv) {
   for (const Config& c : configs) {
     if (quick && c.rows > 16) continue;
     if (!only.empty() && c.name.find(only) == std::string::npos) continue;
-    std::unique_ptr<HostLogits>& held = logits_by_rows[c.rows];
-    if (held == nullptr) held = std::make_unique<HostLogits>(c.rows, kVocab, 11, 2.0f);
-    const HostLogits& logits = *held;
+    const HostLogits& logits =
+        logits_by_rows.try_emplace(c.rows, c.rows, kVocab, 11, 2.0f).first->second;
     const int elem = c.dtype == DType::kFloat32 ? 4 : 2;
     std::vector<uint16_t> half;
     const void* host = HostBytes(logits, c.dtype, &half);

@@ -15,11 +15,13 @@
 namespace samplerd {
 namespace cuda {
 
-// stage_times: the split kernels' chunks c < kProbeChunks of split job 0 write 7 stamps each
-// from kProbeChunkBase + 7c (start, staged data arrived, loaded, S1, S2, S3, end).
+// stage_times: the split kernels' chunks c < kProbeChunks of split job 0 write kProbeChunkStamps
+// stamps each from kProbeChunkBase + kProbeChunkStamps * c (start, staged data arrived, loaded,
+// S1, S2, S3, end).
 inline constexpr int kProbeChunks = 16;
+inline constexpr int kProbeChunkStamps = 7;
 inline constexpr int kProbeChunkBase = 18;
-inline constexpr int kProbeEntries = kProbeChunkBase + 7 * kProbeChunks;
+inline constexpr int kProbeEntries = kProbeChunkBase + kProbeChunkStamps * kProbeChunks;
 
 struct StageProbe {
   // The fused kernel's block 0 of its first job writes %globaltimer at its stage boundaries

@@ -58,27 +58,31 @@ absl::Status StageTimer::AfterStep(bool split_ran) {
 std::string StageTimer::ChunkSummary(const unsigned long long* t) {
   // Signed: the chunk blocks run a row's chunks side by side, so a chunk may start before the
   // one before it ends (a negative gap; their "period" is not a chain's).
-  auto at = [&](int c, int s) { return static_cast<double>(t[kProbeChunkBase + 7 * c + s]); };
-  static const char* const kNames[] = {"wait", "load", "S1", "S2", "S3", "lists"};
-  double sum[6] = {}, gap = 0.0;
+  auto at = [&](int c, int s) {
+    return static_cast<double>(t[kProbeChunkBase + kProbeChunkStamps * c + s]);
+  };
+  // The stages between consecutive stamps.
+  constexpr int kStages = kProbeChunkStamps - 1;
+  static const char* const kNames[kStages] = {"wait", "load", "S1", "S2", "S3", "lists"};
+  double sum[kStages] = {}, gap = 0.0;
   int n = 0, gaps = 0;
   double first = 0.0, last = 0.0;
   for (int c = 1; c < kProbeChunks; ++c) {
     bool whole = true;
-    for (int s = 0; s < 7; ++s) whole = whole && at(c, s) != 0.0;
+    for (int s = 0; s < kProbeChunkStamps; ++s) whole = whole && at(c, s) != 0.0;
     if (!whole) break;  // the row's chunks end (or a later one was not timed)
-    for (int s = 0; s < 6; ++s) sum[s] += (at(c, s + 1) - at(c, s)) * 1e-3;
+    for (int s = 0; s < kStages; ++s) sum[s] += (at(c, s + 1) - at(c, s)) * 1e-3;
     if (c + 1 < kProbeChunks && at(c + 1, 0) != 0.0) {
-      gap += (at(c + 1, 0) - at(c, 6)) * 1e-3;
+      gap += (at(c + 1, 0) - at(c, kStages)) * 1e-3;
       ++gaps;
     }
     if (n == 0) first = at(c, 0);
-    last = at(c, 6);
+    last = at(c, kStages);
     ++n;
   }
   if (n == 0) return "";
   std::string out = absl::StrFormat("chunks 1-%d mean us:", n);
-  for (int s = 0; s < 6; ++s) out += absl::StrFormat(" %s %.2f", kNames[s], sum[s] / n);
+  for (int s = 0; s < kStages; ++s) out += absl::StrFormat(" %s %.2f", kNames[s], sum[s] / n);
   out += absl::StrFormat(" gap %.2f; period %.2f", gaps > 0 ? gap / gaps : 0.0,
                          (last - first) * 1e-3 / n);
   return out;

@@ -52,11 +52,11 @@ __device__ __forceinline__ unsigned long long* ProbeBlockTimes(int b) {
              ? g_stage_probe.block_times + 3 * static_cast<int64_t>(b)
              : nullptr;
 }
-// Chunk c's stamps of split job 0 (stage_times[18 + 7c, 18 + 7c + 7): start, staged data
-// arrived, loaded, S1, S2, S3, end), for its first kProbeChunks chunks; else null.
+// Chunk c's kProbeChunkStamps stamps of split job 0 (start, staged data arrived, loaded, S1,
+// S2, S3, end), for its first kProbeChunks chunks; else null.
 __device__ __forceinline__ unsigned long long* ProbeChunkTimes(int c) {
   return g_stage_probe.stage_times != nullptr && c < kProbeChunks
-             ? g_stage_probe.stage_times + kProbeChunkBase + 7 * c
+             ? g_stage_probe.stage_times + kProbeChunkBase + kProbeChunkStamps * c
              : nullptr;
 }
 #else
