@@ -280,11 +280,7 @@ TEST(CudaBackend, TopNSigmaXtcAndRawLogprobsMatchCpu) {
     Step step = MakeStep(StepKind::kDecode, target, vocab);
     step.compute_sum_smaller_probs = true;
     for (int i = 0; i < requests; ++i) {
-      RequestInputs r;
-      r.request_id = "r" + std::to_string(i);
-      r.first_row = i * q;
-      r.num_rows = q;
-      r.sample_position = 40 + i;
+      RequestInputs r = DecodeRequest("r" + std::to_string(i), i * q, q, 0, 40 + i);
       r.params = Issue50ParamSets()[set];
       r.params.seq_seed = 600 + 10 * set + i;
       r.draft_token_ids = ids[i];
@@ -578,12 +574,7 @@ TEST(CudaBackend, RandomTokenAdjustmentsMatchCpu) {
       }
       Step decode = MakeStep(StepKind::kDecode, logits, vocab);
       for (int i = 0; i < requests; ++i) {
-        RequestInputs d;
-        d.request_id = "d" + std::to_string(i);
-        d.first_row = i * q;
-        d.num_rows = q;
-        d.sample_position = 31 + i;
-        d.params.seq_seed = seed * 100 + i;
+        RequestInputs d = DecodeRequest("d" + std::to_string(i), i * q, q, seed * 100 + i, 31 + i);
         d.params.top_k = 40;
         d.params.top_logprobs = 3;
         d.output_token_ids = {token(vocab), token(vocab)};
@@ -841,12 +832,7 @@ TEST(CudaBackend, SplitStreamKernelEqualsTheChunkBlocksBitForBit) {
   HostLogits q_rows(requests * (q - 1), vocab, 44, 2.0f);
   Step decode = MakeStep(StepKind::kDecode, logits, vocab);
   for (int i = 0; i < requests; ++i) {
-    RequestInputs d;
-    d.request_id = "d" + std::to_string(i);
-    d.first_row = i * q;
-    d.num_rows = q;
-    d.sample_position = 31 + i;
-    d.params.seq_seed = 500 + i;
+    RequestInputs d = DecodeRequest("d" + std::to_string(i), i * q, q, 500 + i, 31 + i);
     d.params.temperature = 0.7f;
     d.params.top_p = 0.95f;
     d.params.top_k = 50;
@@ -940,11 +926,7 @@ TEST(CudaBackend, DecodeAndDraftMatchCpu) {
       Step decode = MakeStep(StepKind::kDecode, target, vocab);
       decode.compute_sum_smaller_probs = true;
       for (int i = 0; i < requests; ++i) {
-        RequestInputs r;
-        r.request_id = "r" + std::to_string(i);
-        r.first_row = i * q;
-        r.num_rows = q;
-        r.sample_position = 71;
+        RequestInputs r = DecodeRequest("r" + std::to_string(i), i * q, q, 0, 71);
         r.params = params;
         r.params.seq_seed = seed * 10 + i;
         r.draft_token_ids = cpu_draft.results[i].token_ids;
@@ -1011,11 +993,7 @@ TEST(CudaBackend, DraftPoolLivesOnTheDevice) {
   };
   auto decode_step = [&](const std::vector<int32_t>& drafts, const HostLogits& logits) {
     Step step = MakeStep(StepKind::kDecode, logits, vocab);
-    RequestInputs r;
-    r.request_id = "p0";
-    r.first_row = 0;
-    r.num_rows = static_cast<int32_t>(drafts.size()) + 1;
-    r.sample_position = 10;
+    RequestInputs r = DecodeRequest("p0", 0, static_cast<int32_t>(drafts.size()) + 1, 0, 10);
     r.params = params;
     r.params.seq_seed = 40;
     r.draft_token_ids = drafts;
@@ -1471,12 +1449,7 @@ TEST(CudaBackend, ResidualDrawOrdersNearTiesAsTheCpu) {
     Step step = MakeStep(StepKind::kDecode, logits, kVocab);
     step.force_top_n = force;
     for (int r = 0; r < kRequests; ++r) {
-      RequestInputs req;
-      req.request_id = "r" + std::to_string(r);
-      req.first_row = 2 * r;
-      req.num_rows = 2;
-      req.sample_position = 1000 + r;
-      req.params.seq_seed = 7000 + r;
+      RequestInputs req = DecodeRequest("r" + std::to_string(r), 2 * r, 2, 7000 + r, 1000 + r);
       req.draft_token_ids = {40};
       req.drafts.form = DraftDistributions::Form::kDense;
       req.drafts.values = q.RowsView(r, 1);
@@ -1634,12 +1607,7 @@ TEST(CudaBackend, StepOutputFromTheDeviceIsTheAssembledResult) {
   target.Row(2 * q + 1)[17] = NAN;
   Step step = MakeStep(StepKind::kDecode, target, vocab);
   for (int i = 0; i < requests; ++i) {
-    RequestInputs r;
-    r.request_id = "r" + std::to_string(i);
-    r.first_row = i * q;
-    r.num_rows = q;
-    r.sample_position = 90 + i;
-    r.params.seq_seed = 300 + i;
+    RequestInputs r = DecodeRequest("r" + std::to_string(i), i * q, q, 300 + i, 90 + i);
     if (i == 1) r.params.top_p = 2.0f;  // fails in planning
     r.draft_token_ids = draft_ids[i];
     r.drafts.form = DraftDistributions::Form::kDense;
@@ -1811,11 +1779,7 @@ TEST(CudaBackend, DeviceDraftsAnswerAsHostDrafts) {
     Step host = MakeStep(StepKind::kDecode, target, vocab);
     host.compute_sum_smaller_probs = true;
     for (int i = 0; i < requests; ++i) {
-      RequestInputs r;
-      r.request_id = "r" + std::to_string(i);
-      r.first_row = i * q;
-      r.num_rows = q;
-      r.sample_position = 30 + i;
+      RequestInputs r = DecodeRequest("r" + std::to_string(i), i * q, q, 0, 30 + i);
       r.params = params[i % 3];
       r.params.seq_seed = 500 + i;
       r.draft_token_ids = draft_ids[i];

@@ -65,14 +65,10 @@ HostLogits DraftsEqualToTarget(const HostLogits& logits, int32_t first_row, int3
   return q;
 }
 
-RequestInputs DecodeRequest(const std::string& id, int32_t first_row, int32_t q, uint64_t seed,
-                            int64_t sample_position = 50) {
-  RequestInputs r;
-  r.request_id = id;
-  r.first_row = first_row;
-  r.num_rows = q;
-  r.sample_position = sample_position;
-  r.params.seq_seed = seed;
+// The tests' default sampler: temperature 0.8 and top-p 0.9, so drafts meet a filtered target.
+RequestInputs TemperedDecodeRequest(const std::string& id, int32_t first_row, int32_t q,
+                                    uint64_t seed) {
+  RequestInputs r = DecodeRequest(id, first_row, q, seed);
   r.params.temperature = 0.8f;
   r.params.top_p = 0.9f;
   return r;
@@ -93,7 +89,7 @@ class Decode : public ::testing::Test {
 TEST_F(Decode, DraftsEqualToTargetAreAllAccepted) {
   auto backend = MakeBackend();
   Step step = MakeStep(StepKind::kDecode, logits_, kVocab);
-  RequestInputs r = DecodeRequest("a", 2, 5, 12345);
+  RequestInputs r = TemperedDecodeRequest("a", 2, 5, 12345);
   const HostLogits q = DraftsEqualToTarget(logits_, 2, 4, kVocab, r.params);
   for (int j = 0; j < 4; ++j) {
     r.draft_token_ids.push_back(TargetRow(logits_, 2 + j, kVocab, r.params).order[j % 2]);
@@ -119,7 +115,7 @@ TEST_F(Decode, DraftWithZeroTargetProbabilityIsRejectedAndReplacedFromResidual) 
   auto backend = MakeBackend();
   const std::string mask = MaskOf(kVocab, {1, 2, 3, 4, 5, 6, 7, 8});
   Step step = MakeStep(StepKind::kDecode, logits_, kVocab);
-  RequestInputs r = DecodeRequest("a", 0, 3, 99);
+  RequestInputs r = TemperedDecodeRequest("a", 0, 3, 99);
   r.params.top_p = 1.0f;
   r.allowed_token_masks = {mask, "", ""};
   r.draft_token_ids = {20, 3};  // 20 is masked out at row 0: p(20) = 0
@@ -170,7 +166,7 @@ TEST(DecodeLargeVocab, RejectionReplacementDrawsFromTheResidual) {
     for (int32_t t = 0; t < kV; ++t) q.Row(i)[t] = static_cast<float>(z[t] - max_z - std::log(sum));
   }
   for (int i = 0; i < kRequests; ++i) {
-    RequestInputs r = DecodeRequest("r" + std::to_string(i), 2 * i, 2, 1000 + i);
+    RequestInputs r = TemperedDecodeRequest("r" + std::to_string(i), 2 * i, 2, 1000 + i);
     r.params.temperature = 1.0f;
     r.params.top_p = 1.0f;
     const int32_t draft = 100 + 37 * i;
@@ -218,7 +214,7 @@ TEST(DecodeLargeVocab, RejectionReplacementDrawsFromTheResidual) {
 TEST_F(Decode, MinusOneDraftIsAlwaysRejected) {
   auto backend = MakeBackend();
   Step step = MakeStep(StepKind::kDecode, logits_, kVocab);
-  RequestInputs r = DecodeRequest("a", 0, 2, 7);
+  RequestInputs r = TemperedDecodeRequest("a", 0, 2, 7);
   const HostLogits q = DraftsEqualToTarget(logits_, 0, 1, kVocab, r.params);
   r.draft_token_ids = {-1};
   SendDense(r, q);
@@ -235,7 +231,7 @@ TEST_F(Decode, MinusOneDraftIsAlwaysRejected) {
 TEST_F(Decode, GoldenTokensDecideAcceptanceAndOutput) {
   auto backend = MakeBackend();
   Step step = MakeStep(StepKind::kDecode, logits_, kVocab);
-  RequestInputs r = DecodeRequest("a", 0, 4, 3);
+  RequestInputs r = TemperedDecodeRequest("a", 0, 4, 3);
   const HostLogits q = DraftsEqualToTarget(logits_, 0, 3, kVocab, r.params);
   r.draft_token_ids = {11, 12, 13};
   r.golden_token_ids = {11, 40};  // row 0 accepts (draft == golden); row 1 rejects, emits 40
@@ -262,7 +258,7 @@ TEST_F(Decode, NothingIsEmittedAfterTheFirstRejection) {
   auto backend = MakeBackend();
   const std::string mask = MaskOf(kVocab, {0, 1, 2});
   Step step = MakeStep(StepKind::kDecode, logits_, kVocab);
-  RequestInputs r = DecodeRequest("a", 0, 4, 8);
+  RequestInputs r = TemperedDecodeRequest("a", 0, 4, 8);
   HostLogits q = DraftsEqualToTarget(logits_, 0, 3, kVocab, r.params);
   const ReferenceRow row0 = TargetRow(logits_, 0, kVocab, r.params);
   const ReferenceRow row2 = TargetRow(logits_, 2, kVocab, r.params);
@@ -282,7 +278,7 @@ TEST_F(Decode, NothingIsEmittedAfterTheFirstRejection) {
 TEST_F(Decode, TopNDraftsOutsideTheDraftSupportAreRejected) {
   auto backend = MakeBackend();
   Step step = MakeStep(StepKind::kDecode, logits_, kVocab);
-  RequestInputs r = DecodeRequest("a", 0, 2, 4);
+  RequestInputs r = TemperedDecodeRequest("a", 0, 2, 4);
   const ReferenceRow row0 = TargetRow(logits_, 0, kVocab, r.params);
   // The draft's top-N: its best tokens are the target's, with the same logprobs (q == p there).
   const int32_t n = 4;
@@ -313,7 +309,7 @@ TEST_F(Decode, BatchInvariantBitwise) {
   const int32_t q_lens[3] = {6, 6, 4};
   int32_t first = 0;
   for (int i = 0; i < 3; ++i) {
-    RequestInputs r = DecodeRequest("r" + std::to_string(i), first, q_lens[i], 100 + i);
+    RequestInputs r = TemperedDecodeRequest("r" + std::to_string(i), first, q_lens[i], 100 + i);
     r.output_token_ids = {1, 2};
     r.params.presence_penalty = 0.3f;
     r.params.top_logprobs = 3;
@@ -366,7 +362,7 @@ TEST_F(Decode, DraftStepSamplesInDraftSeedDomainAndFillsThePool) {
 
   // The DECODE step verifies against the pooled distributions, consuming them.
   Step decode = MakeStep(StepKind::kDecode, logits_, kVocab);
-  RequestInputs r = DecodeRequest("a", 0, 3, 77);
+  RequestInputs r = TemperedDecodeRequest("a", 0, 3, 77);
   r.draft_token_ids = drafted.token_ids;
   decode.requests = {r};
   const RequestResult verified = RunStep(*backend, decode).results[0];
@@ -438,9 +434,9 @@ TEST_F(Decode, MissingDraftIndexInPoolIsFailedPrecondition) {
   draft.requests = {d};
   ASSERT_TRUE(RunStep(*backend, draft).results[0].status.ok());
   Step decode = MakeStep(StepKind::kDecode, logits_, kVocab);
-  RequestInputs r = DecodeRequest("a", 0, 3, 1);
+  RequestInputs r = TemperedDecodeRequest("a", 0, 3, 1);
   r.draft_token_ids = {1, 2};
-  decode.requests = {r, DecodeRequest("b", 3, 1, 2)};
+  decode.requests = {r, TemperedDecodeRequest("b", 3, 1, 2)};
   const StepResult result = RunStep(*backend, decode);
   EXPECT_EQ(result.results[0].status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(result.results[0].status.message()), HasSubstr("no draft 2"));
@@ -464,7 +460,7 @@ TEST_F(Decode, PoolEntriesAreScopedByClient) {
   ASSERT_TRUE(drafted.status.ok()) << drafted.status;
 
   Step decode = MakeStep(StepKind::kDecode, logits_, kVocab);
-  RequestInputs r = DecodeRequest("same-id", 0, 3, 3);
+  RequestInputs r = TemperedDecodeRequest("same-id", 0, 3, 3);
   r.draft_token_ids = drafted.token_ids;
   decode.requests = {r};
   decode.pool_scope = "client-B";

@@ -69,6 +69,19 @@ inline RequestInputs PrefillRequest(const std::string& id, int32_t row, uint64_t
   return r;
 }
 
+// A DECODE request verifying rows [first_row, first_row + num_rows): its last row is the bonus
+// row, so it carries num_rows - 1 drafts, which the caller adds with their distributions.
+inline RequestInputs DecodeRequest(const std::string& id, int32_t first_row, int32_t num_rows,
+                                   uint64_t seed, int64_t sample_position = 50) {
+  RequestInputs r;
+  r.request_id = id;
+  r.first_row = first_row;
+  r.num_rows = num_rows;
+  r.sample_position = sample_position;
+  r.params.seq_seed = seed;
+  return r;
+}
+
 // A bitmask allowing exactly `allowed` (little-endian int32 words).
 inline std::string MaskOf(int32_t vocab_size, const std::vector<int32_t>& allowed) {
   std::string mask(4 * ((vocab_size + 31) / 32), '\0');
