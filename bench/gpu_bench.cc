@@ -111,7 +111,6 @@ void AddBenchPrefillRequests(Step& step, int rows, bool adjust) {
   }
 }
 
-// `logits` as `dtype`'s bytes: its own floats for fp32, else bf16 values converted into *half.
 // Normal(0, scale) logits, row r from its own generator (seeded by seed and r), the rows
 // spread over the host's cores: the same values whatever the thread count. (One generator
 // for the whole tensor took ~45 s of the GPU machine's time at R = 8,192, once per run.)
@@ -133,6 +132,7 @@ HostLogits BenchLogits(int32_t rows, int32_t cols, uint64_t seed, float scale) {
   return logits;
 }
 
+// `logits` as `dtype`'s bytes: its own floats for fp32, else bf16 values converted into *half.
 const void* HostBytes(const HostLogits& logits, DType dtype, std::vector<uint16_t>* half) {
   if (dtype == DType::kFloat32) return logits.values.data();
   half->resize(logits.values.size());
