@@ -25,7 +25,6 @@
 #include <fstream>
 #include <functional>
 #include <map>
-#include <memory>
 #include <random>
 #include <string>
 #include <thread>
