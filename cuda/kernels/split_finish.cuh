@@ -424,13 +424,8 @@ static __device__ __noinline__ void SplitFinishRow(const StepParams& p, int spli
       LoadChunk(p, job, 0, V, x, &bad, &m, &mn);
     }
     __syncthreads();
-    RadixSelect(sh, V,
-                [&](int c, uint32_t* k) -> unsigned long long {
-                  const float v = x[c];
-                  *k = OrderKey(v / T);
-                  return v == kNegInf ? 0ull : 1ull;
-                },
-                static_cast<unsigned long long>(K - 1));
+    // (x / T cannot overflow here: RowFault failed such rows above.)
+    SelectTopKCut(sh, V, K, [&](int c) { return x[c] / T; });
     const bool cut = sh.sel_id >= 0;  // else fewer than K finite tokens: all of them
     const uint32_t cut_key = sh.sel_key;
     const int cut_id = sh.sel_id;
