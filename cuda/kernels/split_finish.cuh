@@ -424,8 +424,12 @@ static __device__ __noinline__ void SplitFinishRow(const StepParams& p, int spli
       LoadChunk(p, job, 0, V, x, &bad, &m, &mn);
     }
     __syncthreads();
-    // (x / T cannot overflow here: RowFault failed such rows above.)
-    SelectTopKCut(sh, V, K, [&](int c) { return x[c] / T; });
+    // The scores as ScoresOf gives them: -inf stays -inf (with T = +inf, -inf / T is NaN), and
+    // a finite x / T cannot overflow (RowFault failed such rows above).
+    SelectTopKCut(sh, V, K, [&](int c) {
+      const float v = x[c];
+      return v == kNegInf ? kNegInf : v / T;
+    });
     const bool cut = sh.sel_id >= 0;  // else fewer than K finite tokens: all of them
     const uint32_t cut_key = sh.sel_key;
     const int cut_id = sh.sel_id;
