@@ -40,6 +40,7 @@ struct SplitLayout {
   int32_t* cand_id;        // the same, token ids
   float* maxima;           // [num_split][chunks][64]: the chunk's 64 largest thread maxima, descending
   int chunks;
+  SplitLayout() = default;  // trivial: a streaming block holds one in shared memory
   __device__ explicit SplitLayout(const StepParams& p) {
     chunks = (p.vocab_size + kSplitChunk - 1) / kSplitChunk;
     const int64_t slots = static_cast<int64_t>(p.num_split) * chunks;
