@@ -38,7 +38,7 @@ constexpr float kGatherSlack = 1e-2f;
 constexpr int kPartialValues = 1 + 2 * kNumThresholds;
 
 __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kClusterThreads, 2)
-    ClusterSampleKernel(StepParams p, int chunk) {
+    ClusterSampleKernel(const __grid_constant__ StepParams p, int chunk) {
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
   const int j = p.fused_jobs != nullptr ? p.fused_jobs[blockIdx.x / kClusterBlocks]

@@ -414,7 +414,7 @@ __device__ __forceinline__ void SplitChunk(const StepParams& p, const SplitLayou
 // us at R = 384 prefill (2,834 against 2,955 at R = 8192), the loop's state spilling the
 // chunk's registers; gpu-notes, issue 34's fourth session.)
 template <int G>
-__global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKernel(StepParams p) {
+__global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKernel(const __grid_constant__ StepParams p) {
   __shared__ __align__(16) SplitSmem smem;
   __shared__ SplitChunkShared cs;
   __shared__ int last;
@@ -446,6 +446,7 @@ struct StreamShared {
   RowJob job;              // the row's job: the chunk loop's values need the registers
   int j;                   // its index in p.jobs
   const char* row;         // column 0's address where the row is one run, else null (RowRun)
+  SplitLayout layout;      // the split scratch's layout: read here, not from each thread's stack
 };
 __device__ __forceinline__ StreamShared& Stream() {
   __shared__ __align__(16) StreamShared shared;
@@ -493,8 +494,8 @@ __device__ __forceinline__ bool StageChunk(const StepParams& p, int split_index,
 // inside the chunk loop ptxas spilled ~5 KB of the chunk's values (-Xptxas -v); as a call, the
 // body is allocated as the chunk block's is.
 template <int G>
-__device__ __noinline__ bool StreamChunk(const StepParams& p, const SplitLayout& layout,
-                                         int split_index, int c, bool staged) {
+__device__ __noinline__ bool StreamChunk(const StepParams& p, int split_index, int c, bool staged) {
+  const SplitLayout& layout = Stream().layout;
   SplitSmem& smem = Stream().smem;
   SplitChunkShared& cs = Stream().cs;
   const RowJob& job = Stream().job;
@@ -520,8 +521,12 @@ __device__ __noinline__ bool StreamChunk(const StepParams& p, const SplitLayout&
 // on, 147.8 against 146.1 us at prefill R = 384 fp32 and 190.1 against 136.0 bf16; an L2 bulk
 // prefetch of the chunk after the staged one, 150.3. A block's chain of chunks sets its time:
 // gpu-notes, issue 49's fifth session; branch issue49-two-buffers.)
+// (`__grid_constant__`, here and on the chunk blocks: a non-inlined call taking `p` by reference
+// otherwise made every thread copy the 176-byte parameters to its stack first, and read them
+// from there in every chunk: the streaming kernel's stack frame 312 -> 88 bytes, StreamChunk's
+// local loads 178 -> 32 in SASS; the layout likewise from shared memory, not each thread's stack.)
 template <int G>
-__global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitStreamKernel(StepParams p) {
+__global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitStreamKernel(const __grid_constant__ StepParams p) {
   const SplitLayout layout(p);
   const int split_index = blockIdx.x;
   const int C = layout.chunks;
@@ -536,6 +541,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitStreamK
     Stream().j = j;
     Stream().job = p.jobs[j];
     Stream().row = RowRun(p, Stream().job.logits_row, 0, p.vocab_size);
+    Stream().layout = layout;
   }
   __syncthreads();
   const bool updates = Stream().job.update_end > Stream().job.update_begin;
@@ -550,7 +556,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitStreamK
   // which this thread has passed, so every thread has too; the exception is the token count,
   // read after S3, so thread 0 zeroes the other parity's. Staging is read and refilled by
   // each thread at its own offsets only.
-  for (int c = 0; c < C; ++c) staged = StreamChunk<G>(p, layout, split_index, c, staged);
+  for (int c = 0; c < C; ++c) staged = StreamChunk<G>(p, split_index, c, staged);
   // The finisher reads the partials and lists through L2, as it reads other blocks'.
   __threadfence();
   __syncthreads();

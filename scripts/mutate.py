@@ -215,6 +215,9 @@ GPU_MUTANTS = [
     ("gpu-flat-finish-drops-the-kth", "cuda/kernels/split_finish.cuh",
      "if (!cut || AtOrBefore(OrderKey(s), c, cut_key, cut_id)) {",
      "if (!cut || AtOrBefore(OrderKey(s), c, cut_key, cut_id - 1)) {", 0),
+    # The flat rows' top-k cut fed -inf / T (NaN where T = +inf) as a kept score.
+    ("gpu-flat-cut-scores-nan", "cuda/kernels/split_finish.cuh",
+     "return v == kNegInf ? kNegInf : v / T;", "return v / T;", 0),
     # Issue 47: tensor-parallel logits shards read in place.
     ("gpu-shard-walker-boundary", "cuda/sampling_kernels.cuh",
      "while (c >= end_ && s_ + 1 < p_.num_shards) {", "while (c > end_ && s_ + 1 < p_.num_shards) {", 0),

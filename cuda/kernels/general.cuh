@@ -209,12 +209,7 @@ static __device__ void SampleRowGeneral(const StepParams& p, int j, Shared& sh) 
       __syncthreads();
     }
     if (top_k) {
-      RadixSelect(sh, V,
-                  [&](int c, uint32_t* k) -> unsigned long long {
-                    const float s = s_key(c, k);
-                    return s == kNegInf ? 0ull : 1ull;
-                  },
-                  static_cast<unsigned long long>(job.top_k - 1));
+      SelectTopKCut(sh, V, job.top_k, scores);
       if (sh.sel_id >= 0 && (!cut || AtOrBefore(sh.sel_key, sh.sel_id, cut_key, cut_id))) {
         cut = true;
         cut_key = sh.sel_key;

@@ -137,6 +137,21 @@ static __device__ void RadixSelect(Shared& sh, int V, WeightFn weight_of, unsign
   __syncthreads();
 }
 
+// The top-k cut: the row's K-th token in the order (score desc, id asc) over its finite scores
+// score_of(c), in sh.sel_key / sh.sel_id; sel_id = -1 where fewer than K are finite (then
+// every finite token is kept). One selection for the general path and the split path's flat
+// rows, so both cut where SPEC 3 step 5 says.
+template <typename ScoreFn>
+static __device__ void SelectTopKCut(Shared& sh, int V, int K, ScoreFn score_of) {
+  RadixSelect(sh, V,
+              [&](int c, uint32_t* k) -> unsigned long long {
+                const float s = score_of(c);
+                *k = OrderKey(s);
+                return s == kNegInf ? 0ull : 1ull;
+              },
+              static_cast<unsigned long long>(K - 1));
+}
+
 // Sorts candidates [0, n) by `keys` descending, ties by lower id (bitonic, in shared memory),
 // moving cand_s and cand_id with their keys. `keys` is sh.cand_key (float: scores) or sh.cum
 // (double: a verify row's residuals p - q, whose order a float image loses where two residuals

@@ -40,6 +40,7 @@ struct SplitLayout {
   int32_t* cand_id;        // the same, token ids
   float* maxima;           // [num_split][chunks][64]: the chunk's 64 largest thread maxima, descending
   int chunks;
+  SplitLayout() = default;  // trivial: a streaming block holds one in shared memory
   __device__ explicit SplitLayout(const StepParams& p) {
     chunks = (p.vocab_size + kSplitChunk - 1) / kSplitChunk;
     const int64_t slots = static_cast<int64_t>(p.num_split) * chunks;
@@ -424,13 +425,12 @@ static __device__ __noinline__ void SplitFinishRow(const StepParams& p, int spli
       LoadChunk(p, job, 0, V, x, &bad, &m, &mn);
     }
     __syncthreads();
-    RadixSelect(sh, V,
-                [&](int c, uint32_t* k) -> unsigned long long {
-                  const float v = x[c];
-                  *k = OrderKey(v / T);
-                  return v == kNegInf ? 0ull : 1ull;
-                },
-                static_cast<unsigned long long>(K - 1));
+    // The scores as ScoresOf gives them: -inf stays -inf (with T = +inf, -inf / T is NaN), and
+    // a finite x / T cannot overflow (RowFault failed such rows above).
+    SelectTopKCut(sh, V, K, [&](int c) {
+      const float v = x[c];
+      return v == kNegInf ? kNegInf : v / T;
+    });
     const bool cut = sh.sel_id >= 0;  // else fewer than K finite tokens: all of them
     const uint32_t cut_key = sh.sel_key;
     const int cut_id = sh.sel_id;
