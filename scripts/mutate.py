@@ -215,6 +215,9 @@ GPU_MUTANTS = [
     ("gpu-flat-finish-drops-the-kth", "cuda/kernels/split_finish.cuh",
      "if (!cut || AtOrBefore(OrderKey(s), c, cut_key, cut_id)) {",
      "if (!cut || AtOrBefore(OrderKey(s), c, cut_key, cut_id - 1)) {", 0),
+    # The one top-k cut selection (general path and flat rows) keeping the (K+1)-th too.
+    ("gpu-topk-cut-keeps-one-more", "cuda/kernels/selection.cuh",
+     "static_cast<unsigned long long>(K - 1));", "static_cast<unsigned long long>(K));", 0),
     # The flat rows' top-k cut fed -inf / T (NaN where T = +inf) as a kept score.
     ("gpu-flat-cut-scores-nan", "cuda/kernels/split_finish.cuh",
      "return v == kNegInf ? kNegInf : v / T;", "return v / T;", 0),
