@@ -185,10 +185,17 @@ __device__ __forceinline__ void LoadChunkValues(const StepParams& p, const RowJo
 // in xs and a bit per (thread, value) in a word per thread, each thread taking its own by
 // compile-time index, 198.8 / 198.5 us against 197.6 / 198.1; the thread's first update
 // fetched into shared memory by cp.async beside the chunk's loads, 202.5 / 202.1 against
-// 197.0 / 198.6: neither the copy nor the updates' L2 latency is what the adjustments cost.)
-template <int G>
+// 197.0 / 198.6: neither the copy nor the updates' L2 latency is what the adjustments cost.
+// Issue 49's sixth session timed a streaming chunk's stages: with adjustments its load stage
+// took 2.8 us against 0.7, a row with updates then loading each chunk from HBM, unstaged.)
+// kStaging: the block stages its chunks through xs (the streaming kernel), the next chunk's
+// copy issued once this returns. For bf16 / fp16 a thread's values in xs (floats) are not the
+// bytes it staged (16-bit), so barriers keep the copy in and out of other threads' staging.
+template <int G, bool kStaging>
 __device__ void UpdateChunkValues(const StepParams& p, const RowJob& job, int lo, int n, float* xs,
                                   float (&x)[kChunkValues], LoadStats* st) {
+  constexpr bool kForeign = kStaging && G != 4;  // a thread's floats overlap others' staging
+  if (kForeign) __syncthreads();  // every thread has read its staged groups
 #pragma unroll
   for (int k = 0; k < kChunkValues / G; ++k) {
 #pragma unroll
@@ -205,6 +212,7 @@ __device__ void UpdateChunkValues(const StepParams& p, const RowJob& job, int lo
       x[r] = xs[ChunkColumn<G>(r)];
       st->Extremes(x[r]);
     }
+    if (kForeign) __syncthreads();  // every thread has read its values back
   }
 }
 
@@ -380,11 +388,11 @@ __device__ __forceinline__ void SplitChunkStage(const StepParams& p, const Split
 }
 
 // One chunk `it` of a split job, whole: its values loaded into registers (from `staged`, the
-// staging buffer in shared memory, where it holds the chunk), `after_load()` (the streaming
-// kernel starts its next chunk's copy there, once no thread reads staging any more), the
-// job's token updates, then the chunk stage (its count in cs.collected[parity]). Both split
-// kernels take every chunk through it.
-template <int G, typename AfterLoad>
+// staging buffer in shared memory, where it holds the chunk), the job's token updates,
+// `after_load()` (the streaming kernel, kStaging, starts its next chunk's copy there, once no
+// thread reads staging or applies updates there any more), then the chunk stage (its count in
+// cs.collected[parity]). Both split kernels take every chunk through it.
+template <int G, bool kStaging, typename AfterLoad>
 __device__ __forceinline__ void SplitChunk(const StepParams& p, const SplitLayout& layout,
                                            const SplitItem& it, const RowJob& job,
                                            const char* staged, SplitSmem& smem,
@@ -398,8 +406,10 @@ __device__ __forceinline__ void SplitChunk(const StepParams& p, const SplitLayou
   if (staged) asm volatile("cp.async.wait_group 0;\n" ::: "memory");
   if (stamps != nullptr && threadIdx.x == 0) stamps[1] = GlobalTimer();
   LoadChunkValues<G>(p, job, it.run, it.lo, it.n, x, &st, staged);
+  if (job.update_end > job.update_begin) {
+    UpdateChunkValues<G, kStaging>(p, job, it.lo, it.n, smem.chunk.xs, x, &st);
+  }
   after_load();
-  if (job.update_end > job.update_begin) UpdateChunkValues<G>(p, job, it.lo, it.n, smem.chunk.xs, x, &st);
   if (stamps != nullptr && threadIdx.x == 0) stamps[2] = GlobalTimer();
   SplitChunkStage<G>(p, layout, it, job, st, x, smem, cs, parity, stamps);
 }
@@ -421,7 +431,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitRowKern
   const SplitLayout layout(p);
   const SplitItem it(p, blockIdx.y, blockIdx.x, layout.chunks);
   const RowJob job = p.jobs[it.j];
-  SplitChunk<G>(p, layout, it, job, nullptr, smem, cs, 0, [] {});
+  SplitChunk<G, false>(p, layout, it, job, nullptr, smem, cs, 0, [] {});
   // Arrival: every thread's writes reach the device before thread 0 counts this chunk in
   // (the threadfence-reduction pattern); the row's last arrival finishes it and re-arms the
   // counter for the next launch.
@@ -489,8 +499,8 @@ __device__ __forceinline__ bool StageChunk(const StepParams& p, int split_index,
 }
 
 // Chunk c of a streaming block's row (SplitChunk), from staging where `staged`, the next
-// chunk's copy started once this one is loaded. Returns whether chunk c + 1 is being staged
-// (never for a row with token updates: they use the buffer). Not inlined:
+// chunk's copy started once this one is loaded and its updates applied. Returns whether chunk
+// c + 1 is being staged. Not inlined:
 // inside the chunk loop ptxas spilled ~5 KB of the chunk's values (-Xptxas -v); as a call, the
 // body is allocated as the chunk block's is.
 template <int G>
@@ -500,23 +510,22 @@ __device__ __noinline__ bool StreamChunk(const StepParams& p, int split_index, i
   SplitChunkShared& cs = Stream().cs;
   const RowJob& job = Stream().job;
   char* const staging = reinterpret_cast<char*>(smem.chunk.xs);
-  const bool updates = job.update_end > job.update_begin;
   bool next_staged = false;
-  SplitChunk<G>(p, layout,
-                SplitItem(p, split_index, Stream().j, job.logits_row, c, layout.chunks, Stream().row),
-                job, staged ? staging : nullptr, smem, cs, c & 1, [&] {
-                  next_staged = !updates && StageChunk<G>(p, split_index, c + 1, layout.chunks, staging);
-                });
+  SplitChunk<G, true>(p, layout,
+                      SplitItem(p, split_index, Stream().j, job.logits_row, c, layout.chunks, Stream().row),
+                      job, staged ? staging : nullptr, smem, cs, c & 1, [&] {
+                        next_staged = StageChunk<G>(p, split_index, c + 1, layout.chunks, staging);
+                      });
   return next_staged;
 }
 
 // The split path with many rows: one block a row, over its chunks in turn, each chunk exactly
 // as a chunk block takes it (the same partials and lists, so the same results bit for bit),
-// then the row's finish, with no arrival counter. For a row without token updates, chunk c + 1
-// is copied into shared memory by cp.async while chunk c is worked on from registers, so each
-// block has a chunk's loads in flight through its whole row instead of one burst at its start
-// (a row with updates uses that buffer to apply them, and loads each chunk as a chunk block
-// does). Used where the rows alone fill the GPU (split_stream). (More bytes in flight a block
+// then the row's finish, with no arrival counter. Chunk c + 1 is copied into shared memory by
+// cp.async while chunk c is worked on from registers, so each block has a chunk's loads in
+// flight through its whole row instead of one burst at its start (a row with token updates
+// applies them in that buffer first, then starts the copy). Used where the rows alone fill
+// the GPU (split_stream). (More bytes in flight a block
 // measured no faster on an H100: a second staging buffer, chunk c + 2 copied while c is worked
 // on, 147.8 against 146.1 us at prefill R = 384 fp32 and 190.1 against 136.0 bf16; an L2 bulk
 // prefetch of the chunk after the staged one, 150.3. A block's chain of chunks sets its time:
@@ -544,10 +553,9 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitStreamK
     Stream().layout = layout;
   }
   __syncthreads();
-  const bool updates = Stream().job.update_end > Stream().job.update_begin;
   char* const staging = reinterpret_cast<char*>(Stream().smem.chunk.xs);
   // Whether the current chunk is (being) copied into staging.
-  bool staged = !updates && StageChunk<G>(p, split_index, 0, C, staging);
+  bool staged = StageChunk<G>(p, split_index, 0, C, staging);
   // No barrier between chunks (one of four a chunk; ncu put 7% of the kernel's stall samples
   // at it). What a thread writes in chunk c + 1 after that chunk's S1 (the threshold, the Z
   // partials, the collected tokens) no thread still reads for chunk c: passing S1 of c + 1
@@ -555,7 +563,8 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitBlocksPerSm) SplitStreamK
   // extremes and sorted maxima, token updates in xs) chunk c reads only before its own S3,
   // which this thread has passed, so every thread has too; the exception is the token count,
   // read after S3, so thread 0 zeroes the other parity's. Staging is read and refilled by
-  // each thread at its own offsets only.
+  // each thread at its own offsets only (bf16 / fp16 rows with updates: behind
+  // UpdateChunkValues' barriers, a thread's floats there overlapping others' staged bytes).
   for (int c = 0; c < C; ++c) staged = StreamChunk<G>(p, split_index, c, staged);
   // The finisher reads the partials and lists through L2, as it reads other blocks'.
   __threadfence();
