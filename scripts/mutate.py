@@ -211,6 +211,10 @@ GPU_MUTANTS = [
      "StageChunk<G>(p, split_index, c + 2, layout.chunks, staging)", 0),
     ("gpu-stream-skips-the-wait", "cuda/split_path.cu",
      'if (staged) asm volatile("cp.async.wait_group 0;\\n" ::: "memory");', "", 0),
+    # A bf16 / fp16 row with updates: the next chunk's copy started while other threads still
+    # read their floats back from staging.
+    ("gpu-stream-update-copy-overlaps-readback", "cuda/split_path.cu",
+     "    if (kForeign) __syncthreads();  // every thread has read its values back\n", "", 0),
     # Issue 49, fourth session: flat rows finished from their top K.
     ("gpu-flat-finish-drops-the-kth", "cuda/kernels/split_finish.cuh",
      "if (!cut || AtOrBefore(OrderKey(s), c, cut_key, cut_id)) {",
@@ -233,6 +237,15 @@ GPU_MUTANTS = [
     ("gpu-output-decode-emits-past-rejection", "cuda/step_output.cu",
      "if (j + 1 == d.rows || !r.accepted) break;", "if (j + 1 == d.rows) break;", 0),
 ]
+
+# GPU mutants that plant a race no test's results need show (the data usually lands in time):
+# mutate_gpu.sh also runs these under compute-sanitizer racecheck with this gtest filter, and
+# counts its hazards as failures. (gpu-stream-skips-the-wait survived the tests once grid-constant
+# parameters shortened the chunk's chain; racecheck reported 24 hazards on it, H100, issue 49.)
+GPU_RACECHECK = {
+    "gpu-stream-skips-the-wait": "*SplitStreamKernelEqualsTheChunkBlocksOnTwoChunks*",
+    "gpu-stream-update-copy-overlaps-readback": "*SplitStreamKernelEqualsTheChunkBlocksOnSevenChunks*",
+}
 
 # Mutants that no test of the contract can catch, and why (see their entries).
 EQUIVALENT = {"no-histogram-fallback": "a 1-ulp tie of float64 sums (SPEC 3.6 at rounding level)"}
@@ -276,6 +289,8 @@ def gpu_pack(argv):
                                cwd=ROOT, check=True, capture_output=True)
         finally:
             path.write_text(original)
+        if built.returncode == 0 and mid in GPU_RACECHECK:
+            (out / mid / "racecheck").write_text(GPU_RACECHECK[mid] + "\n")
         print(f"packed   {mid}" if built.returncode == 0 else f"NOBUILD  {mid}", flush=True)
     write_tarball(out)
     return 0
@@ -285,8 +300,10 @@ def write_tarball(out):
     """The binaries alone, ID/bin/cuda_backend_test, in one xz stream next to `out`: a large
     dictionary finds the mutants' common bytes across files."""
     names = sorted(d.name for d in out.iterdir() if (d / "bin" / "cuda_backend_test").exists())
+    extra = [f"{n}/racecheck" for n in names if (out / n / "racecheck").exists()]
     tar = subprocess.Popen(["tar", "-C", str(out), "-cf", "-"] +
-                           [f"{n}/bin/cuda_backend_test" for n in names], stdout=subprocess.PIPE)
+                           [f"{n}/bin/cuda_backend_test" for n in names] + extra,
+                           stdout=subprocess.PIPE)
     with open(out.parent / "mutants.tar.xz", "wb") as f:
         subprocess.run(["xz", "-9e", "-T2"], stdin=tar.stdout, stdout=f, check=True)
     if tar.wait() != 0:

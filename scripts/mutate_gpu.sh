@@ -6,6 +6,9 @@
 # MUTANT_FILTER (a gtest filter) runs only those tests of each build, to save device time.
 # MUTANT_TARBALL (mutate.py's .device-pack/mutants.tar.xz) runs the binaries from it instead,
 # with the libraries of LIB_PACK (default .device-pack-mps), so both fit one device call's carry.
+# A mutant whose directory holds a `racecheck` file (mutate.py's GPU_RACECHECK: a planted race
+# that the data usually outruns) is also run under compute-sanitizer racecheck with the gtest
+# filter it names, and each hazard reported counts as a failure (the baseline's too).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mutants=.device-pack/mutants
@@ -27,6 +30,15 @@ run() {  # run ID: the gtest failure lines of that build's test, in /tmp/mutant-
   if (( rc != 0 && n == 0 )); then n=1; fi
   echo "$n"
 }
+racecheck() {  # racecheck ID FILTER: the hazards compute-sanitizer racecheck reports
+  local cs
+  cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  ( source "$mutants/$1/env.sh"; timeout 300 "$cs" --tool racecheck "$mutants/$1/bin/cuda_backend_test" \
+      --gtest_filter="$2" ) > "/tmp/mutant-$1-racecheck.log" 2>&1
+  local n
+  n=$(grep -oE 'RACECHECK SUMMARY: [0-9]+ hazard' "/tmp/mutant-$1-racecheck.log" | grep -oE '[0-9]+')
+  echo "${n:-1}"  # no summary (a crash, a timeout): one
+}
 base=$(run baseline)
 echo "baseline: $base gtest failures ($(grep -E '^\[  FAILED  \] CudaBackend' /tmp/mutant-baseline.log | sed 's/.*CudaBackend\.//; s/ (.*//' | tr '\n' ' '))"
 survivors=0
@@ -34,11 +46,18 @@ for dir in "$mutants"/*/; do
   id=$(basename "$dir")
   [[ $id == baseline ]] && continue
   n=$(run "$id")
-  if (( n > base )); then
+  b=$base; hazards=""
+  if [[ -f $dir/racecheck ]]; then
+    filter=$(cat "$dir/racecheck")
+    b=$((base + $(racecheck baseline "$filter")))
+    h=$(racecheck "$id" "$filter")
+    n=$((n + h)); hazards=" racecheck: $h hazards"
+  fi
+  if (( n > b )); then
     failed=$(grep -E '^\[  FAILED  \] CudaBackend' "/tmp/mutant-$id.log" | sed 's/.*CudaBackend\.//; s/ (.*//' | sort -u | tr '\n' ' ')
-    echo "caught   $id: $n failures ($failed)"
+    echo "caught   $id: $n failures ($failed$hazards)"
   else
-    echo "SURVIVED $id ($n failures, baseline $base)"
+    echo "SURVIVED $id ($n failures, baseline $b)"
     survivors=$((survivors + 1))
   fi
 done
