@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds the GPU tests and benchmarks here and packs them for the GPU machine (device-pack).
-# Then, on the GPU machine (one `device` call, carrying .device-pack):
+# Builds the GPU tests and benchmarks here and packs them for the GPU machine (device-pack),
+# then xz's the pack into .device-pack.tar.xz: the directory is over a device call's 64 MiB
+# carry, the archive ~21 MB (scripts/device_pack_open.sh unpacks it there).
+# Then, on the GPU machine (one `device` call, carrying .device-pack.tar.xz):
 #   bash scripts/gpu_check.sh run
 # runs the gpu-tagged tests, the stress test against samplerd on CUDA, the FlashInfer baseline, the GPU benchmark (its table beside
 # FlashInfer's figures and the read floor) and the PyTorch baseline.
@@ -8,6 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ ${1:-} == run ]]; then
+  source scripts/device_pack_open.sh
   source .device-pack/env.sh
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   status=0
@@ -34,6 +37,7 @@ bazel build -c opt //cuda:cuda_backend_test //cuda:cuda_token_adjustments_test \
   //server:samplerd //client:samplerctl //tests:fake_worker //tests:cuda_ipc_worker \
   //tests:multi_gpu_group_test //tests:group_follower //bench:group_bench //tests:stress_test
 grep -qx '/.device-pack/' .git/info/exclude 2>/dev/null || echo '/.device-pack/' >> .git/info/exclude
+grep -qx '/.device-pack.tar.xz' .git/info/exclude 2>/dev/null || echo '/.device-pack.tar.xz' >> .git/info/exclude
 rm -rf .device-pack
 ../shared/tools/device-pack .device-pack bazel-bin/cuda/cuda_backend_test \
   bazel-bin/cuda/cuda_token_adjustments_test bazel-bin/bench/gpu_bench \
@@ -49,3 +53,5 @@ venv=$(bash scripts/pyvenv.sh client/python/tests/requirements.txt)
   pytest pluggy iniconfig packaging
 # The FlashInfer baseline (needs PyPI here; the GPU machine has none). Optional.
 bash scripts/flashinfer_baseline.sh .device-pack/bin || echo "flashinfer_baseline: not built"
+tar -cf - .device-pack | xz -T0 -6 > .device-pack.tar.xz
+echo "packed: .device-pack.tar.xz ($(du -h .device-pack.tar.xz | cut -f1); carry it, not .device-pack)"

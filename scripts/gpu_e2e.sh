@@ -8,6 +8,7 @@
 # registered CUDA IPC region, a registered shm region and inline, unary and streaming.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/device_pack_open.sh
 source .device-pack/env.sh
 dir=$(mktemp -d)
 start() {  # start NAME ARGS...: a samplerd whose address lands in $dir/NAME.addr

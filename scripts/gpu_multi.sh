@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The two-GPU run of context-parallel groups (nvidia-h200-x2). Here: `bash scripts/gpu_check.sh`
-# packs everything (.device-pack). Then one `device` call with kind nvidia-h200-x2, carrying
-# .device-pack:
+# packs everything (.device-pack, and .device-pack.tar.xz). Then one `device` call with kind
+# nvidia-h200-x2, carrying .device-pack.tar.xz:
 #   bash scripts/gpu_multi.sh
 # runs tests/multi_gpu_group_test (samplerd rank 0 on GPU 0, the group_follower process rank 1
 # on GPU 1: 1000 steps whose broadcasts equal the gRPC answers bitwise; NCCL logits from the
@@ -12,6 +12,7 @@
 # as the device notes ask).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/device_pack_open.sh
 source .device-pack/env.sh
 export NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader

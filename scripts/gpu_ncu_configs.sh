@@ -7,6 +7,7 @@
 #   bash scripts/gpu_ncu_configs.sh OUT_DIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/device_pack_open.sh
 source .device-pack/env.sh
 out=$1
 mkdir -p "$out"

@@ -10,6 +10,7 @@
 # that match it, e.g. 'Split|Bitwise|token_adjustments'.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/device_pack_open.sh
 source .device-pack/env.sh
 tools=${1:-memcheck racecheck}
 limit=${2:-120}

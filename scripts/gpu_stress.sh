@@ -13,6 +13,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 pack=${PACK:-.device-pack}
+source scripts/device_pack_open.sh
 source $pack/env.sh
 mode=${1:-plain}
 scenarios=${2:-100}
