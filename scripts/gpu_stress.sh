@@ -13,7 +13,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 pack=${PACK:-.device-pack}
-source scripts/device_pack_open.sh
+[[ $pack != .device-pack ]] || source scripts/device_pack_open.sh  # PACK names another pack
 source $pack/env.sh
 mode=${1:-plain}
 scenarios=${2:-100}

@@ -39,6 +39,7 @@ racecheck() {  # racecheck ID FILTER: the hazards compute-sanitizer racecheck re
   n=$(grep -oE 'RACECHECK SUMMARY: [0-9]+ hazard' "/tmp/mutant-$1-racecheck.log" | grep -oE '[0-9]+')
   echo "${n:-1}"  # no summary (a crash, a timeout): one
 }
+declare -A base_hazards  # the baseline's racecheck hazards, by filter: one run a filter
 base=$(run baseline)
 echo "baseline: $base gtest failures ($(grep -E '^\[  FAILED  \] CudaBackend' /tmp/mutant-baseline.log | sed 's/.*CudaBackend\.//; s/ (.*//' | tr '\n' ' '))"
 survivors=0
@@ -49,7 +50,8 @@ for dir in "$mutants"/*/; do
   b=$base; hazards=""
   if [[ -f $dir/racecheck ]]; then
     filter=$(cat "$dir/racecheck")
-    b=$((base + $(racecheck baseline "$filter")))
+    [[ -v base_hazards[$filter] ]] || base_hazards[$filter]=$(racecheck baseline "$filter")
+    b=$((base + base_hazards[$filter]))
     h=$(racecheck "$id" "$filter")
     n=$((n + h)); hazards=" racecheck: $h hazards"
   fi
