@@ -53,11 +53,11 @@ for dir in "$mutants"/*/; do
     [[ -v base_hazards[$filter] ]] || base_hazards[$filter]=$(racecheck baseline "$filter")
     b=$((base + base_hazards[$filter]))
     h=$(racecheck "$id" "$filter")
-    n=$((n + h)); hazards=" racecheck: $h hazards"
+    n=$((n + h)); hazards="racecheck: $h hazards"
   fi
   if (( n > b )); then
     failed=$(grep -E '^\[  FAILED  \] CudaBackend' "/tmp/mutant-$id.log" | sed 's/.*CudaBackend\.//; s/ (.*//' | sort -u | tr '\n' ' ')
-    echo "caught   $id: $n failures ($failed$hazards)"
+    echo "caught   $id: $n failures ($failed${failed:+${hazards:+; }}$hazards)"
   else
     echo "SURVIVED $id ($n failures, baseline $b)"
     survivors=$((survivors + 1))
